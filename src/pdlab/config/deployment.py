@@ -1,0 +1,142 @@
+"""What runs where: the model, the vLLM instances and the KV connector between them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pdlab.config.base import Spec
+from pdlab.config.router import RouterSpec
+from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL
+
+Role = Literal["prefill", "decode", "colocated"]
+
+
+class ModelRef(Spec):
+    """The model every instance serves."""
+
+    name: str = DEFAULT_MODEL
+    """A name from pdlab's model catalog (made locally on first use), a Hugging Face id, or a local directory."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Weights and activations dtype. float32 is ~3x faster than bfloat16 on AVX2 CPUs (no native bf16 matmul)."""
+    max_model_len: int | None = Field(default=None, gt=0)
+    """Context length to serve; None takes the model's own."""
+
+
+class EngineOptions(Spec):
+    """vLLM engine knobs a lab may turn. None leaves vLLM's default."""
+
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    """Token budget per scheduler step; with chunked prefill, a smaller budget bounds how long a prefill stalls
+    running decodes (the classic mitigation of head-of-line blocking)."""
+    enable_chunked_prefill: bool | None = None
+    """Split long prefills across steps so decodes keep running."""
+    enable_prefix_caching: bool = False
+    """Reuse KV blocks of prompts seen before. Off by default so measurements do not depend on history."""
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    """Most sequences batched together."""
+    block_size: int | None = Field(default=None, gt=0)
+    """Tokens per KV block (vLLM's CPU default is 128 for this model class)."""
+    enforce_eager: bool = True
+    """Skip torch.compile: it costs 40+ s of warm-up per new shape on 2 cores."""
+    extra_args: list[str] = []
+    """Further `vllm serve` flags, passed through unchanged."""
+
+
+class InstanceSpec(Spec):
+    """One vLLM server process."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    """Unique name, used for logs and messages (lowercase letters, digits, dashes)."""
+    role: Role
+    """`prefill` produces KV caches, `decode` consumes them (and serves short prompts directly), `colocated`
+    does both phases on one server with no KV transfer."""
+    host: str = DEFAULT_HOST
+    """Address to bind; loopback unless the lab deliberately exposes the server."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """HTTP port; None lets pdlab pick the next free slot from its base port."""
+    cores: list[int] = Field(default_factory=list)
+    """CPU cores this instance's process and OpenMP threads are pinned to; empty means unpinned."""
+    kv_cache_gib: int = Field(default=DEFAULT_KV_CACHE_GIB, ge=1, le=1024)
+    """KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE). Always explicit: vLLM's CPU default takes half
+    the RAM."""
+    nixl_side_channel_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port for NIXL's handshake between instances; None lets pdlab pick one."""
+    node: str | None = None
+    """Name of the network node (namespace) to run in, when the deployment defines `nodes`."""
+    engine: EngineOptions = Field(default_factory=EngineOptions)
+    """vLLM engine options for this instance."""
+
+    @field_validator("cores")
+    @classmethod
+    def _cores_distinct(cls, cores: list[int]) -> list[int]:
+        if any(core < 0 for core in cores):
+            raise ValueError("core numbers must be >= 0")
+        if len(set(cores)) != len(cores):
+            raise ValueError(f"cores listed twice: {cores}")
+        return cores
+
+
+class ConnectorSpec(Spec):
+    """How KV caches move from prefill to decode instances."""
+
+    kind: Literal["nixl", "lmcache", "none"] = "nixl"
+    """`nixl`: vLLM's NixlConnector (the local tier). `lmcache`: LMCacheConnectorV1 over NIXL (cluster tier only;
+    LMCache's vLLM path needs CUDA). `none`: no transfer (colocated deployments)."""
+    nixl_backends: list[Literal["UCX", "LIBFABRIC"]] = ["UCX"]
+    """NIXL transport backends: UCX locally (TCP/shared memory), LIBFABRIC for AWS EFA."""
+    ucx_tls: str = "tcp,self,sm"
+    """UCX transports (UCX_TLS) for the local tier."""
+    buffer_device: Literal["cpu", "cuda"] = "cpu"
+    """Where the connector stages KV blocks."""
+
+
+class NodeSpec(Spec):
+    """A network node: its own namespace and address (see pdlab.netlab)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    """Node name, referenced by instances' `node`."""
+
+
+class DeploymentSpec(Spec):
+    """A whole serving deployment: model, instances, connector and (optionally) the router in front."""
+
+    name: str = "local"
+    """Name used for run directories and the detached-deployment record."""
+    model: ModelRef = Field(default_factory=ModelRef)
+    """The model all instances serve."""
+    connector: ConnectorSpec = Field(default_factory=ConnectorSpec)
+    """KV transfer between prefill and decode instances."""
+    instances: list[InstanceSpec] = Field(min_length=1)
+    """The vLLM servers."""
+    router: RouterSpec | None = None
+    """The pdlab router in front of the instances; None serves instances directly."""
+    nodes: list[NodeSpec] = []
+    """Optional network nodes for a two-node deployment on one machine (pdlab.netlab)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeploymentSpec:
+        names = [inst.name for inst in self.instances]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"instances: names must be unique, repeated: {dupes}")
+        ports = [inst.port for inst in self.instances if inst.port is not None]
+        if dupes := sorted({p for p in ports if ports.count(p) > 1}):
+            raise ValueError(f"instances: ports must be unique, repeated: {dupes}")
+        roles = {inst.role for inst in self.instances}
+        if ("prefill" in roles) != ("decode" in roles):
+            raise ValueError("instances: a P/D deployment needs at least one `prefill` and one `decode` instance")
+        if "prefill" in roles and self.connector.kind == "none":
+            raise ValueError("connector.kind: prefill/decode instances need a KV connector, not `none`")
+        node_names = {node.name for node in self.nodes}
+        for i, inst in enumerate(self.instances):
+            if inst.node is not None and inst.node not in node_names:
+                raise ValueError(f"instances.{i}.node: unknown node {inst.node!r}; nodes: {sorted(node_names)}")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(inst.role == "prefill" for inst in self.instances)
+
+    def by_role(self, role: Role) -> list[InstanceSpec]:
+        return [inst for inst in self.instances if inst.role == role]

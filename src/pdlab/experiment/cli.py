@@ -1,0 +1,3 @@
+"""`pdlab run` and `pdlab demo`."""
+
+from __future__ import annotations

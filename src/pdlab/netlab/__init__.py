@@ -1,0 +1,1 @@
+"""Two nodes on one machine: network namespaces joined by a shaped veth link."""

@@ -1,0 +1,69 @@
+"""Project-wide facts and environment-overridable settings: the one place for ports, paths and defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: HyperPod's `pdSpec.routingThreshold` default: prompts with at least this many tokens take the P/D path.
+DEFAULT_ROUTING_THRESHOLD = 4096
+
+#: Loopback only unless a lab spec asks otherwise.
+DEFAULT_HOST = "127.0.0.1"
+
+#: First port handed to vLLM instances; instance i gets BASE_INSTANCE_PORT + i unless its spec names one.
+BASE_INSTANCE_PORT = 8100
+#: First NIXL side-channel port (vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT); one per instance.
+BASE_NIXL_SIDE_CHANNEL_PORT = 5600
+#: The router's default HTTP port.
+DEFAULT_ROUTER_PORT = 8000
+
+#: KV cache per local vLLM instance, GiB. vLLM's CPU default takes half the RAM; pdlab always sets it.
+DEFAULT_KV_CACHE_GIB = 1
+
+#: The model pdlab makes and serves when a lab spec names none.
+DEFAULT_MODEL = "pdlab-small"
+
+#: Environment variable holding the router's admin bearer token when a lab spec does not set one.
+ADMIN_TOKEN_ENV = "PDLAB_ADMIN_TOKEN"
+
+#: Seconds an instance may take to become healthy before pdlab gives up (vLLM CPU start-up is ~100 s on 2 cores).
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+
+
+def pdlab_home() -> Path:
+    """Where pdlab keeps models and run state: `$PDLAB_HOME`, else `~/.cache/pdlab`."""
+    return Path(os.environ.get("PDLAB_HOME") or Path.home() / ".cache" / "pdlab")
+
+
+def models_dir() -> Path:
+    return pdlab_home() / "models"
+
+
+def state_dir() -> Path:
+    """Records of deployments started detached (`pdlab up --detach`), read by `pdlab status` and `pdlab down`."""
+    return pdlab_home() / "state"
+
+
+def repo_root() -> Path | None:
+    """The source checkout pdlab runs from, if any (for `data/`, `labs/` and `runs/`)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "pyproject.toml").exists() and (parent / "src" / "pdlab").is_dir():
+            return parent
+    return None
+
+
+def data_dir() -> Path:
+    root = repo_root()
+    if root is None:
+        raise FileNotFoundError("pdlab's data/ folder is only available from a source checkout")
+    return root / "data"
+
+
+def runs_dir() -> Path:
+    """Where run directories go: `$PDLAB_RUNS`, else `runs/` in the checkout, else under pdlab_home()."""
+    if env := os.environ.get("PDLAB_RUNS"):
+        return Path(env)
+    root = repo_root()
+    return (root / "runs") if root else pdlab_home() / "runs"

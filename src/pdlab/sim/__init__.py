@@ -1,0 +1,1 @@
+"""The simulator: P/D serving at cluster scale, calibrated on local runs."""
