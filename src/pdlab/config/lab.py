@@ -11,6 +11,7 @@ from pdlab.config.cluster import ClusterSpec
 from pdlab.config.deployment import DeploymentSpec
 from pdlab.config.workload import WorkloadSpec
 
+
 class LabSpec(Spec):
     """A lab: a deployment to bring up, or several scenarios to compare under one workload."""
 
