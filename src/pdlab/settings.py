@@ -67,3 +67,12 @@ def runs_dir() -> Path:
         return Path(env)
     root = repo_root()
     return (root / "runs") if root else pdlab_home() / "runs"
+
+#: Response headers the router adds, so experiments can check how each request was routed.
+PATH_HEADER = "x-pdlab-path"
+"""`disaggregated` or `direct`."""
+PROMPT_TOKENS_HEADER = "x-pdlab-prompt-tokens"
+"""The prompt's token count as the router measured it with the served model's tokenizer."""
+PREFILL_REPLICA_HEADER = "x-pdlab-prefill"
+DECODE_REPLICA_HEADER = "x-pdlab-decode"
+REQUEST_ID_HEADER = "x-request-id"
