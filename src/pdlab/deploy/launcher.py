@@ -1,0 +1,226 @@
+"""The local launcher: start a deployment's vLLM instances (and router), wait until healthy with progress shown,
+and stop everything it started.
+
+    with Deployment(load_lab("labs/local-1p1d.yaml").deployment) as dep:
+        print(dep.urls("prefill"), dep.urls("decode"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import psutil
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from pdlab import model
+from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
+from pdlab.deploy import state
+from pdlab.deploy.plan import PlanError, check_ports_free, plan_deployment, served_model_name
+from pdlab.deploy.process import ManagedProcess
+from pdlab.settings import DEFAULT_STARTUP_TIMEOUT_S, runs_dir
+
+
+class DeployError(RuntimeError):
+    """A deployment that could not start; the message names the instance and shows its log tail."""
+
+
+@dataclass
+class RunningInstance:
+    spec: InstanceSpec
+    process: ManagedProcess
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+def _timestamp() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+
+
+class Deployment:
+    """A running deployment. Start with `start()` or `with`; `stop()` (or leaving the block) stops every process
+    it started. With `detached=True` the processes outlive this Python process and are recorded for `pdlab down`."""
+
+    def __init__(self, spec: DeploymentSpec, run_dir: Path | None = None, progress: bool = True,
+                 startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, detached: bool = False,
+                 console: Console | None = None):
+        self.spec = spec
+        self.run_dir = run_dir or runs_dir() / "deployments" / f"{spec.name}-{_timestamp()}"
+        self.progress = progress
+        self.startup_timeout_s = startup_timeout_s
+        self.detached = detached
+        self.console = console or Console(stderr=True)
+        self.instances: list[RunningInstance] = []
+        self.router: ManagedProcess | None = None
+        self.router_url: str | None = None
+        self.model_dir: str = ""
+        self.started_s: float | None = None
+        self._guard: ManagedProcess | None = None
+        self._groups_file = self.run_dir / "process-groups"
+
+    # -- what callers use -------------------------------------------------------------------------------------
+    @property
+    def served_model(self) -> str:
+        return served_model_name(self.spec)
+
+    def urls(self, role: Role) -> list[str]:
+        return [inst.url for inst in self.instances if inst.spec.role == role]
+
+    def instance(self, name: str) -> RunningInstance:
+        for inst in self.instances:
+            if inst.name == name:
+                return inst
+        raise KeyError(f"no instance named {name!r}; instances: {[i.name for i in self.instances]}")
+
+    @property
+    def url(self) -> str:
+        """Where clients send requests: the router if there is one, else the first decode/colocated instance."""
+        if self.router_url:
+            return self.router_url
+        for role in ("colocated", "decode"):
+            if urls := self.urls(role):  # type: ignore[arg-type]
+                return urls[0]
+        raise DeployError("deployment has no instance that serves requests directly")
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> Deployment:
+        if self.instances:
+            raise DeployError("deployment already started")
+        if self.detached and (existing := state.load(self.spec.name)) is not None and state.any_alive(existing):
+            raise DeployError(f"a deployment named {self.spec.name!r} is already up (see `pdlab status`); "
+                              f"stop it with `pdlab down {self.spec.name}` first")
+        try:
+            self.model_dir = model.resolve(self.spec.model.name)
+            plans = plan_deployment(self.spec, self.model_dir)
+            router_port = [("router", self.spec.router.host, self.spec.router.port)] if self.spec.router else []
+            check_ports_free(plans, router_port)
+        except (model.ModelError, PlanError) as error:
+            raise DeployError(str(error)) from None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "deployment.json").write_text(json.dumps(
+            {"spec": self.spec.model_dump(mode="json"), "model_dir": self.model_dir,
+             "instances": [{"name": p.name, "url": p.url, "argv": p.argv} for p in plans]}, indent=2))
+        start = time.monotonic()
+        try:
+            if not self.detached:
+                self._start_guard()
+            for plan in plans:
+                self.instances.append(RunningInstance(plan.spec, self._spawn(plan.name, plan.argv, plan.env)))
+            self._wait_healthy([(i.name, i.url, i.process) for i in self.instances])
+            if self.spec.router is not None:
+                self._start_router()
+            self.started_s = time.monotonic() - start
+            if self.detached:
+                state.save(self)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the router and every instance (all their processes), then the guard."""
+        processes = ([self.router] if self.router else []) + [inst.process for inst in reversed(self.instances)]
+        for proc in processes:
+            proc.stop()
+        self._groups_file.unlink(missing_ok=True)
+        if self._guard is not None:
+            self._guard.stop(timeout_s=5)
+            self._guard = None
+        if self.detached:
+            state.remove(self.spec.name)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+    def _start_guard(self) -> None:
+        self._groups_file.write_text("")
+        me = psutil.Process()
+        argv = [sys.executable, "-m", "pdlab.deploy.guard", str(me.pid), repr(me.create_time()), str(self._groups_file)]
+        self._guard = ManagedProcess("guard", argv, dict(os.environ), self.run_dir / "guard.log").start()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, env, self.run_dir / f"{name}.log").start()
+        if self._groups_file.exists():
+            with open(self._groups_file, "a") as groups:
+                groups.write(f"{proc.pid} {proc.create_time!r}\n")
+        return proc
+
+    def _start_router(self) -> None:
+        from pdlab.router.process import router_command
+
+        router = self.spec.router
+        assert router is not None
+        block_size = next((i.spec.engine.block_size for i in self.instances if i.spec.engine.block_size), None)
+        argv = router_command(router, self.urls("prefill"), self.urls("decode") + self.urls("colocated"),
+                              self.served_model, self.model_dir, self.spec.model.max_model_len, block_size or 128)
+        self.router = self._spawn("router", argv, dict(os.environ))
+        self.router_url = f"http://{router.host}:{router.port}"
+        self._wait_healthy([("router", self.router_url, self.router)])
+
+    def _wait_healthy(self, targets: list[tuple[str, str, ManagedProcess]]) -> None:
+        pending = {name: (url, proc) for name, url, proc in targets}
+        start = time.monotonic()
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=self.console, transient=False, disable=not self.progress) as progress:
+            tasks = {name: progress.add_task(f"{name}: starting", total=None) for name in pending}
+            with httpx.Client(timeout=2.0) as client:
+                while pending:
+                    for name, (url, proc) in list(pending.items()):
+                        if not proc.alive():
+                            raise DeployError(
+                                f"instance {name!r} exited with code {proc.returncode()} during start-up.\n"
+                                f"Last lines of its log ({proc.log_path}):\n{proc.log_tail()}")
+                        if _healthy(client, url):
+                            del pending[name]
+                            progress.update(tasks[name], description=f"{name}: ready at {url}", total=1,
+                                            completed=1)
+                        else:
+                            progress.update(tasks[name], description=f"{name}: starting ({escape(_last_line(proc))})")
+                    if pending and time.monotonic() - start > self.startup_timeout_s:
+                        name = next(iter(pending))
+                        proc = pending[name][1]
+                        raise DeployError(
+                            f"instance {name!r} was not healthy after {self.startup_timeout_s:.0f} s.\n"
+                            f"Last lines of its log ({proc.log_path}):\n{proc.log_tail()}")
+                    if pending:
+                        time.sleep(0.5)
+
+
+def _healthy(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url + "/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _last_line(proc: ManagedProcess, width: int = 70) -> str:
+    line = proc.log_tail(1).strip()
+    return (line[:width] + "…") if len(line) > width else line

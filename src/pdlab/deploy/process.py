@@ -1,0 +1,176 @@
+"""Child processes pdlab owns: each runs in its own process group (so its whole tree can be stopped at once),
+logs to a file, and is stopped on exit, error, Ctrl-C, SIGTERM and Jupyter kernel restart.
+
+Three layers keep orphans away:
+1. `Deployment.stop()` (context-manager exit, exceptions, Ctrl-C) stops each process group.
+2. An atexit hook and a SIGTERM handler stop whatever is still registered when the interpreter ends
+   (a Jupyter kernel restart shuts the kernel down this way).
+3. A guard process (`python -m pdlab.deploy.guard`) watches the owning process and stops the groups if the owner
+   dies without cleaning up (SIGKILL, a crashed kernel).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+
+class ManagedProcess:
+    """One child process (and all it spawns), in its own process group, logging to `log_path`."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None):
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.cwd = cwd
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.create_time: float | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.cwd, start_new_session=True,  # own session and process group: Ctrl-C is ours to relay
+            )
+        self.create_time = psutil.Process(self.popen.pid).create_time()
+        _register(self)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None, "process not started"
+        return self.popen.pid
+
+    def returncode(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        return tail(self.log_path, lines)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left (the group and any stray descendants)."""
+        if self.popen is None:
+            return
+        stop_group(self.popen.pid, self.create_time, timeout_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=1)
+        _unregister(self)
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return members
+
+
+def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0) -> None:
+    """Stop process group `pgid` whose leader was created at `create_time` (guards against a recycled pid)."""
+    try:
+        leader = psutil.Process(pgid)
+        if create_time is not None and abs(leader.create_time() - create_time) > 0.01:
+            leader = None  # pid recycled: the group we own is gone, but its members may remain
+    except psutil.NoSuchProcess:
+        leader = None
+    members = group_members(pgid)
+    if leader is not None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            members += [c for c in leader.children(recursive=True) if c not in members]
+    if not members:
+        return
+    _signal_all(pgid, members, signal.SIGTERM)
+    _, alive = psutil.wait_procs(members, timeout=timeout_s)
+    if alive:
+        _signal_all(pgid, alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+
+
+def _signal_all(pgid: int, procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    for proc in procs:  # descendants that left the group (none expected; cheap insurance)
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+
+
+# Process-wide registry: atexit and signal handlers are process-wide too, so this is the one place that must be.
+_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+_LOCK = threading.Lock()
+_HOOKS_INSTALLED = False
+
+
+def _register(proc: ManagedProcess) -> None:
+    global _HOOKS_INSTALLED
+    with _LOCK:
+        _LIVE.add(proc)
+        if not _HOOKS_INSTALLED:
+            atexit.register(stop_all)
+            _install_sigterm_handler()
+            _HOOKS_INSTALLED = True
+
+
+def _unregister(proc: ManagedProcess) -> None:
+    with _LOCK:
+        _LIVE.discard(proc)
+
+
+def stop_all() -> None:
+    """Stop every process this interpreter started and has not stopped yet."""
+    with _LOCK:
+        procs = list(_LIVE)
+    for proc in procs:
+        proc.stop(timeout_s=10)
+
+
+def _install_sigterm_handler() -> None:
+    # SIGTERM's default action ends the interpreter without running atexit; turn it into SystemExit instead,
+    # but only where nobody else has claimed SIGTERM (servers like uvicorn install their own).
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def _on_sigterm(signum: int, frame: object) -> None:
+            stop_all()
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

@@ -1,0 +1,63 @@
+"""Records of detached deployments (`pdlab up`), so `pdlab status` and `pdlab down` can find their processes."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from pdlab.deploy.process import stop_group
+from pdlab.settings import state_dir
+
+if TYPE_CHECKING:
+    from pdlab.deploy.launcher import Deployment
+
+
+def _path(name: str):  # type: ignore[no-untyped-def]
+    return state_dir() / f"{name}.json"
+
+
+def save(dep: Deployment) -> None:
+    processes = [{"name": i.name, "role": i.spec.role, "url": i.url, "pid": i.process.pid,
+                  "create_time": i.process.create_time, "log": str(i.log_path)} for i in dep.instances]
+    if dep.router is not None:
+        processes.append({"name": "router", "role": "router", "url": dep.router_url, "pid": dep.router.pid,
+                          "create_time": dep.router.create_time, "log": str(dep.router.log_path)})
+    record = {"name": dep.spec.name, "run_dir": str(dep.run_dir), "served_model": dep.served_model,
+              "url": dep.url, "processes": processes}
+    state_dir().mkdir(parents=True, exist_ok=True)
+    _path(dep.spec.name).write_text(json.dumps(record, indent=2))
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = _path(name)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_all() -> list[dict[str, Any]]:
+    if not state_dir().exists():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(state_dir().glob("*.json"))]
+
+
+def remove(name: str) -> None:
+    _path(name).unlink(missing_ok=True)
+
+
+def process_alive(entry: dict[str, Any]) -> bool:
+    try:
+        return abs(psutil.Process(entry["pid"]).create_time() - entry["create_time"]) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+
+
+def any_alive(record: dict[str, Any]) -> bool:
+    return any(process_alive(p) for p in record["processes"])
+
+
+def stop(record: dict[str, Any]) -> None:
+    """Stop every process group of a recorded deployment, router first, then forget it."""
+    for entry in record["processes"][::-1]:
+        stop_group(entry["pid"], entry["create_time"])
+    remove(record["name"])

