@@ -177,3 +177,7 @@ def bench_startup(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

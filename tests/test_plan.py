@@ -1,0 +1,78 @@
+"""Planning a deployment: ports, cores, and the vLLM command line, before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdlab.config import DeploymentSpec, validate
+from pdlab.deploy.plan import PlanError, assign_ports, check_cores, plan_deployment, port_in_use
+from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT
+
+
+def spec(**extra) -> DeploymentSpec:
+    data = {"instances": [{"name": "prefill-0", "role": "prefill", "cores": [0]},
+                          {"name": "decode-0", "role": "decode", "cores": [1], "port": BASE_INSTANCE_PORT}]}
+    data.update(extra)
+    return validate(DeploymentSpec, data)
+
+
+def test_ports_skip_explicit_ones():
+    prefill, decode = assign_ports(spec())
+    assert decode.port == BASE_INSTANCE_PORT
+    assert prefill.port == BASE_INSTANCE_PORT + 1
+    assert {prefill.nixl_side_channel_port, decode.nixl_side_channel_port} == {
+        BASE_NIXL_SIDE_CHANNEL_PORT, BASE_NIXL_SIDE_CHANNEL_PORT + 1}
+
+
+def test_cores_must_exist():
+    instances = assign_ports(spec())
+    check_cores(instances, [0, 1])
+    with pytest.raises(PlanError, match=r"instances\.1\.cores.*\[1\]"):
+        check_cores(instances, [0])
+
+
+def test_vllm_command_and_environment():
+    plans = plan_deployment(spec(), "/models/x", base_env={}, cores=[0, 1])
+    prefill = plans[0]
+    argv = prefill.argv
+    assert argv[:3] == [argv[0], "-c", "0"] and argv[0].endswith("taskset")
+    assert "vllm.entrypoints.openai.api_server" in argv
+    assert argv[argv.index("--port") + 1] == str(prefill.spec.port)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == "kv_both"
+    env = prefill.env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(prefill.spec.nixl_side_channel_port)
+    assert env["UCX_TLS"] == "tcp,self,sm"
+
+
+def test_colocated_has_no_connector_and_engine_knobs_pass_through():
+    colocated = validate(DeploymentSpec, {
+        "connector": {"kind": "none"},
+        "instances": [{"name": "colocated-0", "role": "colocated",
+                       "engine": {"max_num_batched_tokens": 256, "enable_chunked_prefill": True,
+                                  "extra_args": ["--seed", "3"]}}]})
+    (plan,) = plan_deployment(colocated, "/models/x", base_env={}, cores=[0, 1])
+    assert "--kv-transfer-config" not in plan.argv
+    assert plan.argv[plan.argv.index("--max-num-batched-tokens") + 1] == "256"
+    assert "--enable-chunked-prefill" in plan.argv and plan.argv[-2:] == ["--seed", "3"]
+    assert plan.argv[0] != "taskset" and plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_lmcache_is_refused_locally_with_a_pointer():
+    with pytest.raises(PlanError, match="cluster"):
+        plan_deployment(spec(connector={"kind": "lmcache"}), "/m", base_env={}, cores=[0, 1])
+
+
+def test_port_probe_sees_a_bound_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert port_in_use("127.0.0.1", sock.getsockname()[1])
