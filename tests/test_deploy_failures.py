@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pdlab.config import load_lab
-from pdlab.deploy import Deployment, DeployError
+from pdlab.deploy import DeployError, Deployment
 from tests.conftest import REPO, make_test_lab, pdlab_processes
 
 START_SCRIPT = """
