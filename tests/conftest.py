@@ -3,17 +3,17 @@ started and stopped through the CLI the way a learner does it."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
+
+from pdlab.deploy import Deployment
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_MODEL = "pdlab-tiny"
@@ -37,18 +37,6 @@ def run_pdlab(*args: str, timeout: float = 900, env: dict[str, str] | None = Non
                           env=env or os.environ.copy())
 
 
-@dataclass
-class LiveDeployment:
-    name: str
-    prefill_url: str
-    decode_url: str
-    served_model: str
-    model_dir: str
-    router_url: str | None
-    run_dir: Path
-    lab_path: Path
-
-
 def make_test_lab(tmp_path: Path, name: str, base_port: int, router: dict | None = None) -> Path:
     """A 1P1D lab spec for tests: the tiny model, its own ports, a core each."""
     lab = yaml.safe_load((REPO / "labs" / "local-1p1d.yaml").read_text())
@@ -66,26 +54,16 @@ def make_test_lab(tmp_path: Path, name: str, base_port: int, router: dict | None
 
 
 @pytest.fixture(scope="session")
-def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDeployment]:
+def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """`pdlab up` a real 1P1D deployment of the tiny model for the whole session; `pdlab down` it after, and
     check that no process of it is left."""
     lab_path = make_test_lab(tmp_path_factory.mktemp("labs"), "pytest-1p1d", base_port=8150)
     up = run_pdlab("up", str(lab_path))
     assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
-    status = run_pdlab("status", "--json")
-    rows = [r for r in json.loads(status.stdout) if r["deployment"] == "pytest-1p1d"]
-    record = json.loads((Path(os.environ.get("PDLAB_HOME", Path.home() / ".cache/pdlab")) / "state" /
-                         "pytest-1p1d.json").read_text())
-    by_role = {r["role"]: r["url"] for r in rows}
-    deployment_json = json.loads((Path(record["run_dir"]) / "deployment.json").read_text())
-    live = LiveDeployment(name="pytest-1p1d", prefill_url=by_role["prefill"], decode_url=by_role["decode"],
-                          served_model=record["served_model"], model_dir=deployment_json["model_dir"],
-                          router_url=by_role.get("router"), run_dir=Path(record["run_dir"]), lab_path=lab_path)
     try:
-        yield live
+        yield Deployment.attach("pytest-1p1d")
     finally:
         down = run_pdlab("down", "pytest-1p1d")
-        leftovers = pdlab_processes(str(lab_path.parent)) + pdlab_processes(":8150") + \
-            [p for p in pdlab_processes("vllm.entrypoints") if "--port 815" in " ".join(p.cmdline())]
+        leftovers = [p for p in pdlab_processes("vllm.entrypoints") if "--port 815" in " ".join(p.cmdline())]
         assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
         assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"

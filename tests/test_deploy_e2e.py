@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdlab.pdrequest import pd_completion
+from tests.conftest import run_pdlab
 
 pytestmark = pytest.mark.e2e
-
-CORPUS_WORDS = None
-
 
 def words(count: int) -> str:
     from pdlab.settings import data_dir
 
     pool = (data_dir() / "corpus" / "serving-notes.txt").read_text().split()
     return " ".join(pool[i % len(pool)] for i in range(count))
+
+
+def pd_urls(dep) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    return dep.urls("prefill")[0], dep.urls("decode")[0]
 
 
 def metric_sum(base_url: str, name: str) -> float:
@@ -42,38 +46,34 @@ def test_pd_greedy_output_matches_colocated_and_kv_moves(live_1p1d):
     one instance doing both: the decode instance never saw the prompt, so the KV cache must have moved."""
     dep = live_1p1d
     prompt = words(600)  # several 128-token KV blocks
-    bytes_before = metric_sum(dep.decode_url, "vllm:nixl_bytes_transferred_sum")
-    reference = colocated_completion(dep.prefill_url, dep.served_model, prompt, max_tokens=24)
+    bytes_before = metric_sum(dep.urls('decode')[0], "vllm:nixl_bytes_transferred_sum")
+    reference = colocated_completion(dep.urls('prefill')[0], dep.served_model, prompt, max_tokens=24)
     assert reference["usage"]["prompt_tokens"] > 3 * 128
 
-    result = pd_completion(dep.prefill_url, dep.decode_url, dep.served_model, prompt, max_tokens=24, stream=False)
+    result = pd_completion(*pd_urls(dep), dep.served_model, prompt, max_tokens=24, stream=False)
     assert result.kv_transfer_params and result.kv_transfer_params.get("remote_block_ids")
     assert result.completion_tokens == 24
     assert result.text == reference["choices"][0]["text"]
 
-    streamed = pd_completion(dep.prefill_url, dep.decode_url, dep.served_model, prompt, max_tokens=24, stream=True)
+    streamed = pd_completion(*pd_urls(dep), dep.served_model, prompt, max_tokens=24, stream=True)
     assert streamed.text == reference["choices"][0]["text"]
     assert len(streamed.token_times_s) >= 2
 
-    moved = metric_sum(dep.decode_url, "vllm:nixl_bytes_transferred_sum") - bytes_before
+    moved = metric_sum(dep.urls('decode')[0], "vllm:nixl_bytes_transferred_sum") - bytes_before
     assert moved > 0, "the decode instance reports no NIXL bytes transferred"
 
 
 def test_prompt_below_one_kv_block_still_completes(live_1p1d):
     dep = live_1p1d
-    result = pd_completion(dep.prefill_url, dep.decode_url, dep.served_model, "the river ran", max_tokens=8,
+    result = pd_completion(*pd_urls(dep), dep.served_model, "the river ran", max_tokens=8,
                            stream=False)
     assert result.completion_tokens == 8
     assert result.prompt_tokens is not None and result.prompt_tokens < 128
-    reference = colocated_completion(dep.prefill_url, dep.served_model, "the river ran", max_tokens=8)
+    reference = colocated_completion(dep.urls('prefill')[0], dep.served_model, "the river ran", max_tokens=8)
     assert result.text == reference["choices"][0]["text"]
 
 
 def test_status_reports_the_deployment_healthy(live_1p1d):
-    import json
-
-    from tests.conftest import run_pdlab
-
-    rows = [r for r in json.loads(run_pdlab("status", "--json").stdout) if r["deployment"] == live_1p1d.name]
+    rows = [r for r in json.loads(run_pdlab("status", "--json").stdout) if r["deployment"] == live_1p1d.spec.name]
     assert {r["role"] for r in rows} >= {"prefill", "decode"}
     assert all(r["alive"] and r["healthy"] for r in rows)

@@ -79,7 +79,29 @@ class Deployment:
         self.model_dir: str = ""
         self.started_s: float | None = None
         self._guard: ManagedProcess | None = None
+        self._owned = True
         self._groups_file = self.run_dir / "process-groups"
+
+    @classmethod
+    def attach(cls, name: str) -> Deployment:
+        """The deployment `pdlab up` started under `name`, for use from Python (a notebook, a test). The caller
+        does not own it: `stop()` leaves it running; `pdlab down` stops it."""
+        record = state.load(name)
+        if record is None or not state.any_alive(record):
+            raise DeployError(f"no deployment named {name!r} is up; start it with `pdlab up LAB.yaml`")
+        saved = json.loads((Path(record["run_dir"]) / "deployment.json").read_text())
+        dep = cls(DeploymentSpec.model_validate(saved["spec"]), run_dir=Path(record["run_dir"]), progress=False)
+        dep.model_dir = saved["model_dir"]
+        dep._owned = False
+        specs = {inst["name"]: inst for inst in saved["instances"]}
+        resolved = {i.name: i for i in _resolved_instances(dep.spec, specs)}
+        for entry in record["processes"]:
+            proc = ManagedProcess.adopt(entry["name"], entry["pid"], entry["create_time"], Path(entry["log"]))
+            if entry["role"] == "router":
+                dep.router, dep.router_url = proc, entry["url"]
+            else:
+                dep.instances.append(RunningInstance(resolved[entry["name"]], proc))
+        return dep
 
     # -- what callers use -------------------------------------------------------------------------------------
     @property
@@ -129,7 +151,9 @@ class Deployment:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "deployment.json").write_text(json.dumps(
             {"spec": self.spec.model_dump(mode="json"), "model_dir": self.model_dir,
-             "instances": [{"name": p.name, "url": p.url, "argv": p.argv} for p in plans]}, indent=2))
+             "instances": [{"name": p.name, "url": p.url, "port": p.spec.port,
+                            "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv}
+                           for p in plans]}, indent=2))
         start = time.monotonic()
         try:
             if not self.detached:
@@ -148,7 +172,10 @@ class Deployment:
         return self
 
     def stop(self) -> None:
-        """Stop the router and every instance (all their processes), then the guard."""
+        """Stop the router and every instance (all their processes), then the guard. An attached deployment
+        (see `attach`) is left running."""
+        if not self._owned:
+            return
         processes = ([self.router] if self.router else []) + [inst.process for inst in reversed(self.instances)]
         for proc in processes:
             proc.stop()
@@ -212,6 +239,12 @@ class Deployment:
                             f"Last lines of its log ({proc.log_path}):\n{proc.log_tail()}")
                     if pending:
                         time.sleep(0.5)
+
+
+def _resolved_instances(spec: DeploymentSpec, saved: dict[str, dict]) -> list[InstanceSpec]:
+    return [inst.model_copy(update={"port": saved[inst.name]["port"],
+                                    "nixl_side_channel_port": saved[inst.name]["nixl_side_channel_port"]})
+            for inst in spec.instances]
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:

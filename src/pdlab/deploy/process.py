@@ -36,6 +36,14 @@ class ManagedProcess:
         self.cwd = cwd
         self.popen: subprocess.Popen[bytes] | None = None
         self.create_time: float | None = None
+        self._adopted_pid: int | None = None
+
+    @classmethod
+    def adopt(cls, name: str, pid: int, create_time: float, log_path: Path) -> ManagedProcess:
+        """A process started by another pdlab process (`pdlab up`), to watch and read; stopping it is explicit."""
+        proc = cls(name, [], {}, log_path)
+        proc._adopted_pid, proc.create_time = pid, create_time
+        return proc
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +60,8 @@ class ManagedProcess:
 
     @property
     def pid(self) -> int:
+        if self._adopted_pid is not None:
+            return self._adopted_pid
         assert self.popen is not None, "process not started"
         return self.popen.pid
 
@@ -59,6 +69,11 @@ class ManagedProcess:
         return None if self.popen is None else self.popen.poll()
 
     def alive(self) -> bool:
+        if self._adopted_pid is not None:
+            try:
+                return abs(psutil.Process(self._adopted_pid).create_time() - (self.create_time or 0)) < 0.01
+            except psutil.NoSuchProcess:
+                return False
         return self.popen is not None and self.popen.poll() is None
 
     def log_tail(self, lines: int = 25) -> str:
@@ -66,6 +81,9 @@ class ManagedProcess:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left (the group and any stray descendants)."""
+        if self._adopted_pid is not None:
+            stop_group(self._adopted_pid, self.create_time, timeout_s)
+            return
         if self.popen is None:
             return
         stop_group(self.popen.pid, self.create_time, timeout_s)
