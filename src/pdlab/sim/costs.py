@@ -126,7 +126,7 @@ def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
         solution, *_ = np.linalg.lstsq(x[:, active] * weights[:, None], y * weights, rcond=None)
         if np.all(solution >= 0) or len(active) == 1:
             break
-        active = [i for i, c in zip(active, solution) if c > 0] or active[:1]
+        active = [i for i, c in zip(active, solution, strict=True) if c > 0] or active[:1]
     coefficients = np.zeros(x.shape[1])
     coefficients[active] = np.clip(solution, 0, None)
     return tuple(float(c) for c in coefficients)

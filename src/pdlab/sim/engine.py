@@ -117,7 +117,7 @@ class Simulation:
     """A deployment of instances behind pdlab's routing decisions, driven by a list of arrivals."""
 
     def __init__(self, *, router: RouterSettings, colocated: Sequence[Instance] = (),
-                 prefill: Sequence[Instance] = (), decode: Sequence[Instance] = ()):
+                 prefill: Sequence[Instance] = (), decode: Sequence[Instance] = (), record: bool = False):
         self.router = router
         self.prefill_pool = list(prefill)
         self.decode_pool = list(colocated) or list(decode)
@@ -129,6 +129,8 @@ class Simulation:
         self.requests: list[SimRequest] = []
         self.decisions: list[tuple[int, str, str | None, str | None]] = []
         """(request id, path, prefill instance, decode instance), in decision order."""
+        self.trace: list[tuple[str, RequestFeatures, list[ReplicaState], int]] | None = [] if record else None
+        """With `record`: every replica choice as (pool, features, snapshot, chosen index), to replay elsewhere."""
 
     # -- events -------------------------------------------------------------------------------------------------
     def _push(self, at: float, kind: int, payload) -> None:
@@ -154,11 +156,12 @@ class Simulation:
         return self.requests
 
     # -- router -------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _choose(strategy: RoutingStrategy, pool: list[Instance], request: SimRequest) -> Instance:
+    def _choose(self, strategy: RoutingStrategy, pool: list[Instance], request: SimRequest) -> Instance:
         states = [inst.state() for inst in pool]
         index = strategy.choose(request.features, states)
         strategy.observe(request.features, states[index])
+        if self.trace is not None:
+            self.trace.append((pool[0].role, request.features, states, index))
         return pool[index]
 
     def _arrive(self, request: SimRequest) -> None:

@@ -86,4 +86,4 @@ def arrivals(workload: SimWorkload) -> list[Arrival]:
     prompts = np.where(is_long, p.long_prompt_tokens, p.short_prompt_tokens) * jitter[0]
     outputs = np.where(is_long, p.long_output_tokens, p.short_output_tokens) * jitter[1]
     return [Arrival(float(t), max(1, int(pt)), max(1, int(ot)), "long" if lg else "short")
-            for t, pt, ot, lg in zip(times, prompts, outputs, is_long)]
+            for t, pt, ot, lg in zip(times, prompts, outputs, is_long, strict=True)]

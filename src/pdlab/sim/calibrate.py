@@ -1,0 +1,99 @@
+"""Measure the local model's step costs with torch directly (one thread, like one pinned vLLM CPU instance) and
+fit a cost profile for the simulator.
+
+The grid times whole-prompt prefills, chunked prefills (a chunk after context already in the KV cache) and single
+decode steps at a few batch sizes and context lengths. Each point is the median of `repeats` runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdlab.sim.costs import CalibrationPoint, fit_profile
+
+
+@dataclass(frozen=True)
+class CalibrationGrid:
+    prefill_tokens: tuple[int, ...] = (128, 512, 1024, 2048)
+    chunks: tuple[tuple[int, int], ...] = ((512, 1024),)
+    """(chunk tokens, context already cached)."""
+    decode_batches: tuple[int, ...] = (1, 4, 8)
+    decode_contexts: tuple[int, ...] = (128, 1024)
+    repeats: int = 3
+
+
+def measure(model_name: str, grid: CalibrationGrid, progress: Callable[[str], None] = lambda _: None,
+            threads: int = 1) -> list[CalibrationPoint]:
+    import torch
+    from transformers import DynamicCache, LlamaForCausalLM
+
+    from pdlab.model import resolve
+
+    torch.set_num_threads(threads)
+    model = LlamaForCausalLM.from_pretrained(resolve(model_name), dtype=torch.float32).eval()
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+
+    def ids(batch: int, n: int) -> torch.Tensor:
+        return torch.randint(4, vocab, (batch, n), generator=generator)
+
+    def timed(fn: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(grid.repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    def prefilled(batch: int, n: int) -> DynamicCache:
+        cache = DynamicCache()
+        model(ids(batch, n), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache
+
+    points: list[CalibrationPoint] = []
+    with torch.inference_mode():
+        model(ids(1, 16), logits_to_keep=1)  # warm-up
+        for n in grid.prefill_tokens:
+            progress(f"prefill {n} tokens")
+            prompt = ids(1, n)
+            step = timed(lambda prompt=prompt: model(prompt, use_cache=True, logits_to_keep=1))
+            points.append(CalibrationPoint(n, 0, 0, 0, step))
+        for chunk, context in grid.chunks:
+            progress(f"prefill chunk {chunk} after {context}")
+            samples = []
+            for _ in range(grid.repeats):
+                cache = prefilled(1, context)
+                start = time.perf_counter()
+                model(ids(1, chunk), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                samples.append(time.perf_counter() - start)
+            points.append(CalibrationPoint(chunk, context, 0, 0, statistics.median(samples)))
+        for batch in grid.decode_batches:
+            for context in grid.decode_contexts:
+                progress(f"decode batch {batch} at context {context}")
+                cache = prefilled(batch, context)
+                samples = []
+                for _ in range(grid.repeats):  # consecutive steps: context grows by 1 each, negligible here
+                    start = time.perf_counter()
+                    model(ids(batch, 1), past_key_values=cache, use_cache=True)
+                    samples.append(time.perf_counter() - start)
+                points.append(CalibrationPoint(0, 0, batch, context, statistics.median(samples)))
+    return points
+
+
+def calibrate(model_name: str, grid: CalibrationGrid | None = None,
+              progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Measure and fit; returns the profile (JSON-ready), with the environment it was measured in."""
+    from pdlab.environment import capture
+
+    grid = grid or CalibrationGrid()
+    start = time.perf_counter()
+    points = measure(model_name, grid, progress)
+    profile = fit_profile(points, model=model_name,
+                          source="pdlab sim calibrate: torch eager fp32, one thread, transformers LlamaForCausalLM")
+    profile["dtype_bytes"] = 4
+    profile["elapsed_s"] = time.perf_counter() - start
+    profile["environment"] = capture()
+    return profile
