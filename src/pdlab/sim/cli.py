@@ -115,7 +115,8 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  out: Path = typer.Option(..., help="Directory for validation.json."),
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
                  threshold: int = typer.Option(None, help="Override the run's router threshold."),
-                 budget: int = typer.Option(None, help="Override max_num_batched_tokens.")) -> None:
+                 budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
+                 results_copy: bool = typer.Option(True, help="Also copy to data/results/sim-validation.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
     from pdlab.settings import data_dir
     from pdlab.sim.validate import RunDirError, infer_shape, read_run, validate_runs
@@ -144,7 +145,7 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
     (out / "validation.json").write_text(text)
     results = data_dir() / "results"
     results.mkdir(parents=True, exist_ok=True)
-    if (out / "validation.json").resolve() != (results / "sim-validation.json").resolve():
+    if results_copy and (out / "validation.json").resolve() != (results / "sim-validation.json").resolve():
         shutil.copyfile(out / "validation.json", results / "sim-validation.json")
 
 
