@@ -116,7 +116,7 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
                  threshold: int = typer.Option(None, help="Override the run's router threshold."),
                  budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
-                 results_copy: bool = typer.Option(True, help="Also copy to data/results/sim-validation.json.")) -> None:
+                 results_copy: bool = typer.Option(True, help="Copy to data/results/sim-validation.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
     from pdlab.settings import data_dir
     from pdlab.sim.validate import RunDirError, infer_shape, read_run, validate_runs
