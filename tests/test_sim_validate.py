@@ -100,3 +100,40 @@ def test_bad_run_directories_are_clear_errors(tmp_path: Path) -> None:
     (empty / "requests.csv").write_text("start_s,cls,prompt_tokens\n0,short,10\n")
     with pytest.raises(RunDirError, match="output"):
         read_run(empty)
+
+
+def calibration_requests() -> list[dict]:
+    """A calibration workload: prompts alone (prefill points), then 1, 2 and 4 concurrent streams (decode points)."""
+    requests = [{"at_s": 2.0 * i, "prompt_tokens": n, "output_tokens": 2, "cls": "long"}
+                for i, n in enumerate((128, 512, 1024, 2048, 4096))]
+    at = 12.0
+    for batch in (1, 2, 4):
+        requests += [{"at_s": at + 0.0001 * j, "prompt_tokens": 64, "output_tokens": 60, "cls": "short"}
+                     for j in range(batch)]
+        at += 4.0
+    return requests
+
+
+def test_calibration_from_runs_recovers_the_costs_that_made_them(tmp_path: Path) -> None:
+    from pdlab.sim.calibrate import calibrate_from_runs
+
+    truth = write_profile(tmp_path / "truth.json", TRUTH)
+    spec = SimSpec.model_validate({"model": "pdlab-small", "profile": str(truth), "dtype_bytes": 4,
+                                   "pools": {"colocated": 1}, "workload": {"requests": calibration_requests()}})
+    _, sim = simulate(spec)
+    run = tmp_path / "calibration-run"
+    run.mkdir()
+    with (run / "requests.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["start_s", "cls", "prompt_tokens", "output_tokens", "token_times"])
+        for r in sim.requests:
+            writer.writerow([r.arrival.at_s, r.arrival.cls, r.arrival.prompt_tokens, r.arrival.output_tokens,
+                             " ".join(repr(float(t)) for t in token_times(r))])
+    profile = calibrate_from_runs([run], model="pdlab-small")
+    fitted = FittedCost(tuple(profile["coefficients"]))
+    assert profile["fit_error_pct"]["max"] < 2
+    for n in (256, 3000):  # prefill time of prompts it never saw
+        assert fitted.step_time(n, n * n / 2, 0, 0) == pytest.approx(TRUTH.step_time(n, n * n / 2, 0, 0), rel=0.03)
+    for batch in (1, 3):
+        assert fitted.step_time(0, 0, batch, batch * 100) == pytest.approx(
+            TRUTH.step_time(0, 0, batch, batch * 100), rel=0.05)

@@ -22,7 +22,7 @@ class CalibrationGrid:
     """(chunk tokens, context already cached)."""
     decode_batches: tuple[int, ...] = (1, 4, 8)
     decode_contexts: tuple[int, ...] = (128, 1024)
-    repeats: int = 3
+    repeats: int = 2
 
 
 def measure(model_name: str, grid: CalibrationGrid, progress: Callable[[str], None] = lambda _: None,
@@ -96,4 +96,60 @@ def calibrate(model_name: str, grid: CalibrationGrid | None = None,
     profile["dtype_bytes"] = 4
     profile["elapsed_s"] = time.perf_counter() - start
     profile["environment"] = capture()
+    return profile
+
+
+def points_from_runs(rows: list, min_samples: int = 3) -> list[CalibrationPoint]:
+    """Step observations read off measured requests (validate.MeasuredRequest rows of one run):
+
+    - a request served directly that had the instance to itself until its first token gives a prefill point
+      (TTFT = one whole-prompt prefill step);
+    - an inter-token gap during which no request was prefilling gives a decode point, with batch = the requests
+      streaming at that moment and context = their prompt plus tokens so far. Gaps are grouped by (batch, context
+      bucket) and each group's median kept (at least `min_samples` gaps per group).
+
+    Runs with one serving instance only (a colocated replica, or a 1P1D decode side for the direct requests):
+    with several replicas, concurrency on one would be mistaken for concurrency on another.
+    """
+    from bisect import bisect_right
+
+    import numpy as np
+
+    direct = [r for r in rows if r.token_times and r.path != "disaggregated"]
+    prefilling = [(r.start, r.token_times[0]) for r in direct]
+    points: list[CalibrationPoint] = []
+    for r in direct:
+        first = r.token_times[0]
+        if not any(o is not r and o.start < first and o.token_times[-1] > r.start for o in direct):
+            points.append(CalibrationPoint(r.prompt_tokens, 0, 0, 0, first - r.start))
+    groups: dict[tuple[int, int], list[float]] = {}
+    for r in direct:
+        for i in range(1, len(r.token_times)):
+            lo, hi = r.token_times[i - 1], r.token_times[i]
+            if any(s < hi and e > lo for s, e in prefilling):
+                continue
+            streaming = [o for o in direct if o.token_times[0] <= lo and o.token_times[-1] >= hi]
+            contexts = [o.prompt_tokens + bisect_right(o.token_times, lo) for o in streaming]
+            bucket = int(round(np.mean(contexts) / 64.0)) * 64
+            groups.setdefault((len(streaming), bucket), []).append(hi - lo)
+    for (batch, context), gaps in sorted(groups.items()):
+        if len(gaps) >= min_samples and context > 0:
+            points.append(CalibrationPoint(0, 0, batch, context, float(np.median(gaps))))
+    return points
+
+
+def calibrate_from_runs(run_dirs: list, model: str) -> dict:
+    """Fit a profile on measured runs' per-request token timestamps (see points_from_runs)."""
+    from pdlab.sim.validate import read_run
+
+    points: list[CalibrationPoint] = []
+    for run_dir in run_dirs:
+        rows, _ = read_run(run_dir)
+        points += points_from_runs(rows)
+    if len(points) < 2:
+        raise ValueError("the runs gave fewer than two usable step observations (isolated requests or decode-only "
+                         "gaps); calibrate on runs with requests spaced apart")
+    profile = fit_profile(points, model=model,
+                          source="pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs))
+    profile["dtype_bytes"] = 4
     return profile

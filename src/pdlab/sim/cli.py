@@ -63,19 +63,29 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
 @app.command("calibrate")
 def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog model to measure."),
                   out: Path = typer.Option(None, help="Profile JSON (default data/results/sim-profile-MODEL.json)."),
+                  from_runs: list[Path] = typer.Option(None, "--from-runs", help="Fit on these measured run "
+                                                       "directories instead of measuring with torch."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
-    """Measure the local model's prefill and decode step costs with torch (one thread) and fit a profile."""
+    """Fit the local model's step costs: measured with torch (one thread), or read off measured runs."""
     from pdlab.settings import data_dir
-    from pdlab.sim.calibrate import CalibrationGrid, calibrate
+    from pdlab.sim.calibrate import CalibrationGrid, calibrate, calibrate_from_runs
+    from pdlab.sim.validate import RunDirError
 
-    grid = _quick_grid() if quick else CalibrationGrid()
-    with console.status(f"calibrating {model} ...") as status:
-        profile = calibrate(model, grid, progress=lambda what: status.update(f"calibrating {model}: {what}"))
+    if from_runs:
+        try:
+            profile = calibrate_from_runs(from_runs, model)
+        except (RunDirError, ValueError) as error:
+            console.print(f"[red]error:[/red] {error}")
+            raise typer.Exit(code=2) from None
+    else:
+        grid = _quick_grid() if quick else CalibrationGrid()
+        with console.status(f"calibrating {model} ...") as status:
+            profile = calibrate(model, grid, progress=lambda what: status.update(f"calibrating {model}: {what}"))
     out = out or data_dir() / "results" / f"sim-profile-{model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
-    console.print(f"fitted {len(profile['points'])} points in {profile['elapsed_s']:.1f} s, fit error mean "
-                  f"{profile['fit_error_pct']['mean']:.1f}% max {profile['fit_error_pct']['max']:.1f}%: {out}")
+    console.print(f"fitted {len(profile['points'])} points, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
+                  f"max {profile['fit_error_pct']['max']:.1f}%: {out}")
 
 
 def _quick_grid():
