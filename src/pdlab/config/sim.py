@@ -82,7 +82,8 @@ class SimSpec(Spec):
     model: str = "Llama-3.1-70B"
     """A model from data/catalog/models.yaml or pdlab's local catalog (pdlab-small, pdlab-tiny)."""
     profile: Path | None = None
-    """A fitted cost profile JSON (`pdlab sim calibrate`); replaces the hardware roofline."""
+    """A fitted cost profile: a JSON path (`pdlab sim calibrate`) or a name shipped in data/catalog/profiles/
+    (`pdlab-small-vllm-cpu`); replaces the hardware roofline."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
     """Bytes per weight and KV element: 2 for bf16, 4 for the local fp32 models."""
     link: LinkChoice = Field(default_factory=LinkChoice)

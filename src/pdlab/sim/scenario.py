@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimSpec
-from pdlab.sim.catalog import Catalog, Link, ModelShape, load_catalog
+from pdlab.sim.catalog import Catalog, Link, ModelShape, catalog_dir, load_catalog
 from pdlab.sim.costs import RooflineCost, StepCost, TransferCost, load_profile
 from pdlab.sim.engine import Instance, Simulation
 from pdlab.sim.engine import Link as LinkQueue
@@ -36,13 +38,24 @@ def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
     return base.model_copy(update=updates) if updates else base
 
 
+def resolve_profile(path: Path) -> Path:
+    """A profile path as given, else a name from data/catalog/profiles/ (`pdlab-small-vllm-cpu`)."""
+    if path.exists():
+        return path
+    shipped = catalog_dir() / "profiles" / f"{path.name}.json"
+    if path.suffix == "" and shipped.exists():
+        return shipped
+    known = sorted(p.stem for p in (catalog_dir() / "profiles").glob("*.json"))
+    raise ConfigError("profile", [(str(path), f"no such file, nor a shipped profile; shipped: {known}")])
+
+
 def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     catalog = catalog or load_catalog()
     model: ModelShape = catalog.get("models", spec.model)
     kv_per_token = model.kv_bytes_per_token(spec.dtype_bytes)
     engine = spec.engine
     if spec.profile is not None:
-        cost, profile = load_profile(spec.profile)
+        cost, profile = load_profile(resolve_profile(spec.profile))
         source = f"fitted profile {spec.profile} ({profile.get('source', '')})"
         capacity = engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token)
     else:
