@@ -1,8 +1,9 @@
-"""The event engine: instances stepping their schedulers, the router, and KV transfers, on one event heap.
+"""The event engine (SimPy): instances stepping their schedulers, the router, and KV transfers.
 
-One event per scheduler step per instance (not per token), which is what makes 10,000 requests take well
-under two seconds. Every running sequence gets one token per step, so a request's token times are a contiguous
-run of its decode instance's step-end times, recorded as (instance, first step) and expanded at the end.
+One SimPy process per instance, one timeout per scheduler step (not per token), which is what makes 10,000
+requests take well under two seconds. Every running sequence gets one token per step, so a request's token
+times are a contiguous run of its decode instance's step-end times, recorded as (instance, first step) and
+expanded at the end.
 
 Modelled like vLLM's scheduler: decodes are scheduled first, prefill chunks (FCFS) fill what is left of the
 token budget; a request is admitted only when its whole sequence (prompt + output) fits in the instance's KV cache
@@ -11,20 +12,18 @@ token budget; a request is admitted only when its whole sequence (prompt + outpu
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import simpy
 
 from pdlab.config.router import RouterSettings
 from pdlab.router.strategies import ReplicaState, RequestFeatures, RoutingStrategy, decide_path, make_strategy
 from pdlab.sim.costs import StepCost, TransferCost, chunk_attention
 from pdlab.sim.workload import Arrival
-
-_ARRIVAL, _STEP_END, _TRANSFER_DONE = 0, 1, 2
 
 
 @dataclass(eq=False, slots=True)
@@ -57,12 +56,12 @@ class SimRequest:
 
 
 class Link:
-    """One prefill instance's outgoing KV link: `concurrency` lanes, FIFO."""
+    """One prefill instance's outgoing KV link: `concurrency` lanes (a SimPy resource, FIFO)."""
 
     def __init__(self, cost: TransferCost):
         self.cost = cost
-        self.free_lanes = cost.concurrency
-        self.queue: deque[SimRequest] = deque()
+        self.lanes: simpy.Resource | None = None
+        """Made when a simulation binds the link to its environment."""
 
 
 @dataclass(eq=False)
@@ -94,7 +93,8 @@ class Instance:
     finish_at: dict = field(default_factory=dict)
     step: int = 0
     step_ends: list = field(default_factory=list)
-    busy: bool = False
+    idle: simpy.Event | None = None
+    """While the instance has nothing to do: the event that wakes it."""
     _ends: np.ndarray | None = field(default=None, repr=False)
 
     def step_end_array(self) -> np.ndarray:
@@ -123,37 +123,51 @@ class Simulation:
         self.decode_pool = list(colocated) or list(decode)
         self.prefill_strategy: RoutingStrategy = make_strategy(router.prefill_strategy)
         self.decode_strategy: RoutingStrategy = make_strategy(router.decode_strategy)
-        self.events: list = []
-        self.seq = 0
-        self.now = 0.0
+        self.env = simpy.Environment()
         self.requests: list[SimRequest] = []
         self.decisions: list[tuple[int, str, str | None, str | None]] = []
         """(request id, path, prefill instance, decode instance), in decision order."""
         self.trace: list[tuple[str, RequestFeatures, list[ReplicaState], int]] | None = [] if record else None
         """With `record`: every replica choice as (pool, features, snapshot, chosen index), to replay elsewhere."""
 
-    # -- events -------------------------------------------------------------------------------------------------
-    def _push(self, at: float, kind: int, payload) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (at, self.seq, kind, payload))
+    # -- processes ----------------------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.env.now
 
     def run(self, arrivals: Sequence[Arrival]) -> list[SimRequest]:
         for i, a in enumerate(arrivals):
             features = RequestFeatures(prompt_tokens=a.prompt_tokens, block_hashes=a.prefix_hashes,
                                        session_key=a.session)
-            request = SimRequest(id=i, arrival=a, features=features)
-            self.requests.append(request)
-            self._push(a.at_s, _ARRIVAL, request)
-        events = self.events
-        while events:
-            self.now, _, kind, payload = heapq.heappop(events)
-            if kind == _STEP_END:
-                self._end_step(*payload)
-            elif kind == _ARRIVAL:
-                self._arrive(payload)
-            else:
-                self._transfer_done(payload)
+            self.requests.append(SimRequest(id=i, arrival=a, features=features))
+        for inst in self.prefill_pool + self.decode_pool:
+            if inst.link is not None:
+                inst.link.lanes = simpy.Resource(self.env, capacity=inst.link.cost.concurrency)
+            self.env.process(self._serve(inst))
+        self.env.process(self._clients())
+        self.env.run()
         return self.requests
+
+    def _clients(self):
+        env = self.env
+        for request in sorted(self.requests, key=lambda r: r.arrival.at_s):
+            if request.arrival.at_s > env.now:
+                yield env.timeout(request.arrival.at_s - env.now)
+            self._arrive(request)
+
+    def _serve(self, inst: Instance):
+        """An instance's scheduler loop: plan a step, spend its duration, apply it; sleep when there is no work."""
+        env = self.env
+        while True:
+            step = self._plan_step(inst)
+            if step is None:
+                inst.idle = env.event()
+                yield inst.idle
+                inst.idle = None
+                continue
+            chunks, duration = step
+            yield env.timeout(duration)
+            self._end_step(inst, chunks)
 
     # -- router -------------------------------------------------------------------------------------------------
     def _choose(self, strategy: RoutingStrategy, pool: list[Instance], request: SimRequest) -> Instance:
@@ -186,11 +200,13 @@ class Simulation:
         self._wake(target)
 
     # -- instances ----------------------------------------------------------------------------------------------
-    def _wake(self, inst: Instance) -> None:
-        if not inst.busy:
-            self._start_step(inst)
+    @staticmethod
+    def _wake(inst: Instance) -> None:
+        if inst.idle is not None and not inst.idle.triggered:
+            inst.idle.succeed()
 
-    def _start_step(self, inst: Instance) -> None:
+    def _plan_step(self, inst: Instance) -> tuple[list, float] | None:
+        """What the next step computes and how long it takes; None when there is nothing to do."""
         for request in inst.pending_joins:  # transferred KV: decode from this step on, first token at its end
             request.token_instance = inst
             request.first_step = inst.step
@@ -222,11 +238,8 @@ class Simulation:
             attention += chunk_attention(chunk, request.computed)
             budget -= chunk
         if not chunks and not decode_seqs:
-            inst.busy = False
-            return
-        inst.busy = True
-        duration = inst.cost.step_time(prefill_tokens, attention, decode_seqs, inst.context)
-        self._push(self.now + duration, _STEP_END, (inst, chunks))
+            return None
+        return chunks, inst.cost.step_time(prefill_tokens, attention, decode_seqs, inst.context)
 
     def _end_step(self, inst: Instance, chunks: list) -> None:
         now = self.now
@@ -255,7 +268,6 @@ class Simulation:
             self._finish(inst, request, now, decoding=True)
         inst.step += 1
         self._admit_remote(inst)
-        self._start_step(inst)
 
     def _finish(self, inst: Instance, request: SimRequest, now: float, decoding: bool) -> None:
         if decoding:
@@ -289,28 +301,20 @@ class Simulation:
             decode.incoming += 1
             request.decode_reserved = need
             request.decode_host = decode
-            link = request.prefill_host.link
-            link.queue.append(request)
-            self._start_transfers(link)
+            self.env.process(self._transfer(request))
 
-    def _start_transfers(self, link: Link) -> None:
-        while link.free_lanes and link.queue:
-            request = link.queue.popleft()
-            link.free_lanes -= 1
+    def _transfer(self, request: SimRequest):
+        """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
+        prefill, decode = request.prefill_host, request.decode_host
+        link = prefill.link
+        with link.lanes.request() as lane:
+            yield lane
             request.transfer_start = self.now
-            prefill_s = request.prefill_end - request.prefill_start
-            duration = link.cost.transfer_time(request.arrival.prompt_tokens, prefill_s)
-            self._push(self.now + duration, _TRANSFER_DONE, request)
-
-    def _transfer_done(self, request: SimRequest) -> None:
+            yield self.env.timeout(link.cost.transfer_time(request.arrival.prompt_tokens,
+                                                           request.prefill_end - request.prefill_start))
         request.transfer_end = self.now
-        prefill = request.prefill_host
         prefill.kv_used -= request.reserved
         request.reserved = request.decode_reserved
-        link = prefill.link
-        link.free_lanes += 1
-        self._start_transfers(link)
-        decode = request.decode_host
         decode.pending_joins.append(request)
         self._wake(decode)
         self._wake(prefill)  # freed KV may admit a waiting prefill
