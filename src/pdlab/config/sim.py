@@ -79,7 +79,7 @@ class SimSpec(Spec):
     name: str = "sim"
     hardware: str = "H200-SXM-141GB"
     """An accelerator from data/catalog/hardware.yaml (ignored when `profile` is given)."""
-    model: str = "Llama-3.1-70B"
+    model: str = "Llama-3.1-8B"
     """A model from data/catalog/models.yaml or pdlab's local catalog (pdlab-small, pdlab-tiny)."""
     profile: Path | None = None
     """A fitted cost profile: a JSON path (`pdlab sim calibrate`) or a name shipped in data/catalog/profiles/
