@@ -49,3 +49,20 @@ def test_bad_spec_fails_naming_the_field(tmp_path: Path) -> None:
     result = invoke("run", str(spec))
     assert result.exit_code == 2
     assert "pools" in result.output and "link.bandwith_gbps" in result.output
+
+
+def test_a_real_lab_deployment_maps_onto_a_sim_spec() -> None:
+    from pdlab.config import load_lab
+    from pdlab.config.sim import SimSpec
+    from pdlab.sim.scenario import simulate
+
+    workload = {"requests": [{"at_s": 0, "prompt_tokens": 80, "output_tokens": 20, "cls": "short"},
+                             {"at_s": 0.5, "prompt_tokens": 4000, "output_tokens": 5, "cls": "long"}]}
+    for lab, pools in (("local-1p1d", {"prefill": 1, "decode": 1, "colocated": 0}),
+                       ("local-colocated", {"prefill": 0, "decode": 0, "colocated": 2})):
+        deployment = load_lab(repo_root() / "labs" / f"{lab}.yaml").main_deployment()
+        spec = SimSpec.for_deployment(deployment, workload, profile="pdlab-small-vllm-cpu",
+                                      link={"name": "local-loopback"})
+        assert spec.pools.model_dump() == pools and spec.model == "pdlab-small" and spec.dtype_bytes == 4
+        summary, _ = simulate(spec)
+        assert summary["requests"]["completed"] == 2

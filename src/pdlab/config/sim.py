@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from pdlab.config.base import Spec
+from pdlab.config.deployment import DeploymentSpec
 from pdlab.config.router import RouterSettings
 from pdlab.sim.workload import SimWorkload
 
@@ -95,3 +96,22 @@ class SimSpec(Spec):
     slo: SLO = Field(default_factory=SLO)
     stall_ms: float = Field(default=250.0, gt=0)
     """An inter-token gap longer than this counts as a stall."""
+
+    @classmethod
+    def for_deployment(cls, deployment: DeploymentSpec, workload: SimWorkload, **fields) -> SimSpec:
+        """The simulated twin of a real deployment: its pools, token budget, KV cache size and router settings,
+        on its model; `fields` add or override the rest (profile, hardware, link, ...)."""
+        counts = {role: len(deployment.by_role(role)) for role in ("prefill", "decode", "colocated")}
+        engine: dict = {}
+        first = deployment.instances[0]
+        if first.engine.max_num_batched_tokens:
+            engine["max_num_batched_tokens"] = first.engine.max_num_batched_tokens
+        if first.engine.max_num_seqs:
+            engine["max_num_seqs"] = first.engine.max_num_seqs
+        engine["kv_cache_gib"] = first.kv_cache_gib
+        router = RouterSettings(**deployment.router.model_dump(include=set(RouterSettings.model_fields))) \
+            if deployment.router else RouterSettings()
+        data = {"name": deployment.name, "model": deployment.model.name, "pools": counts, "engine": engine,
+                "router": router, "workload": workload,
+                "dtype_bytes": 4 if deployment.model.dtype == "float32" else 2, **fields}
+        return cls.model_validate(data)
