@@ -2,12 +2,12 @@
 fit a cost profile for the simulator.
 
 The grid times whole-prompt prefills, chunked prefills (a chunk after context already in the KV cache) and single
-decode steps at a few batch sizes and context lengths. Each point is the median of `repeats` runs.
+decode steps at a few batch sizes and context lengths. Each point is the fastest of `repeats` runs (decode steps,
+being cheap, at least 5): on a shared machine the fastest run is the one least disturbed by other work.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +46,7 @@ def measure(model_name: str, grid: CalibrationGrid, progress: Callable[[str], No
             start = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
+        return min(samples)
 
     def prefilled(batch: int, n: int) -> DynamicCache:
         cache = DynamicCache()
@@ -69,17 +69,17 @@ def measure(model_name: str, grid: CalibrationGrid, progress: Callable[[str], No
                 start = time.perf_counter()
                 model(ids(1, chunk), past_key_values=cache, use_cache=True, logits_to_keep=1)
                 samples.append(time.perf_counter() - start)
-            points.append(CalibrationPoint(chunk, context, 0, 0, statistics.median(samples)))
+            points.append(CalibrationPoint(chunk, context, 0, 0, min(samples)))
         for batch in grid.decode_batches:
             for context in grid.decode_contexts:
                 progress(f"decode batch {batch} at context {context}")
                 cache = prefilled(batch, context)
                 samples = []
-                for _ in range(grid.repeats):  # consecutive steps: context grows by 1 each, negligible here
+                for _ in range(max(grid.repeats, 5)):  # consecutive steps: context grows by 1 each, negligible
                     start = time.perf_counter()
                     model(ids(batch, 1), past_key_values=cache, use_cache=True)
                     samples.append(time.perf_counter() - start)
-                points.append(CalibrationPoint(0, 0, batch, context, statistics.median(samples)))
+                points.append(CalibrationPoint(0, 0, batch, context, min(samples)))
     return points
 
 
