@@ -108,27 +108,29 @@ def points_from_runs(rows: list, min_samples: int = 3) -> list[CalibrationPoint]
       streaming at that moment and context = their prompt plus tokens so far. Gaps are grouped by (batch, context
       bucket) and each group's median kept (at least `min_samples` gaps per group).
 
-    Runs with one serving instance only (a colocated replica, or a 1P1D decode side for the direct requests):
-    with several replicas, concurrency on one would be mistaken for concurrency on another.
+    Runs with one streaming instance only (one colocated replica, or 1P1D, whose decode instance streams every
+    request): with several replicas, concurrency on one would be mistaken for concurrency on another. In 1P1D, a
+    disaggregated request joining the decode batch costs one decode step, so its gaps count like any other.
     """
     from bisect import bisect_right
 
     import numpy as np
 
-    direct = [r for r in rows if r.token_times and r.path != "disaggregated"]
+    served = [r for r in rows if r.token_times]
+    direct = [r for r in served if r.path != "disaggregated"]  # prefilled on the instance that streams them
     prefilling = [(r.start, r.token_times[0]) for r in direct]
     points: list[CalibrationPoint] = []
     for r in direct:
         first = r.token_times[0]
-        if not any(o is not r and o.start < first and o.token_times[-1] > r.start for o in direct):
+        if not any(o is not r and o.start < first and o.token_times[-1] > r.start for o in served):
             points.append(CalibrationPoint(r.prompt_tokens, 0, 0, 0, first - r.start))
     groups: dict[tuple[int, int], list[float]] = {}
-    for r in direct:
+    for r in served:
         for i in range(1, len(r.token_times)):
             lo, hi = r.token_times[i - 1], r.token_times[i]
             if any(s < hi and e > lo for s, e in prefilling):
                 continue
-            streaming = [o for o in direct if o.token_times[0] <= lo and o.token_times[-1] >= hi]
+            streaming = [o for o in served if o.token_times[0] <= lo and o.token_times[-1] >= hi]
             contexts = [o.prompt_tokens + bisect_right(o.token_times, lo) for o in streaming]
             bucket = int(round(np.mean(contexts) / 64.0)) * 64
             groups.setdefault((len(streaming), bucket), []).append(hi - lo)
