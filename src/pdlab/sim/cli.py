@@ -1,7 +1,188 @@
-"""`pdlab sim ...`."""
+"""`pdlab sim ...`: run a spec, calibrate the local model, fit a profile, validate against runs, search splits."""
 
 from __future__ import annotations
 
+import csv
+import json
+import shutil
+import time
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.table import Table
 
 app = typer.Typer(help="Simulate P/D serving at cluster scale.", no_args_is_help=True)
+console = Console()
+
+
+def _load_spec(path: Path):
+    from pdlab.config.base import ConfigError, load_yaml
+    from pdlab.config.sim import SimSpec
+
+    try:
+        return load_yaml(path, SimSpec)
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+@app.command("run")
+def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/simulator.md)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Simulate one spec and print its summary (same shape as a measured run's summary.json)."""
+    from pdlab.sim.scenario import simulate
+
+    spec = _load_spec(spec_path)
+    start = time.perf_counter()
+    try:
+        summary, _ = simulate(spec)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    summary["elapsed_s"] = time.perf_counter() - start
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table("class", "count", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "ITL max ms",
+                  title=f"{spec.name}: {summary['cost_model']}")
+    for cls in ("short", "long"):
+        s = summary[cls]
+        table.add_row(cls, str(s["count"]), _fmt(s["ttft_ms"]["p50"]), _fmt(s["ttft_ms"]["p99"]),
+                      _fmt(s["itl_ms"]["p50"]), _fmt(s["itl_ms"]["p99"]), _fmt(s["itl_ms"]["max"]))
+    console.print(table)
+    console.print(f"requests {summary['requests']}, stalls {summary['stalls']['count']}, "
+                  f"goodput {summary['goodput']['rps']:.2f} req/s ({summary['goodput']['attainment']:.0%} within SLO), "
+                  f"paths {summary['paths']}, simulated in {summary['elapsed_s']:.2f} s")
+
+
+@app.command("calibrate")
+def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog model to measure."),
+                  out: Path = typer.Option(None, help="Profile JSON (default data/results/sim-profile-MODEL.json)."),
+                  from_runs: list[Path] = typer.Option(None, "--from-runs", help="Fit on these measured run "
+                                                       "directories instead of measuring with torch."),
+                  quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
+    """Fit the local model's step costs: measured with torch (one thread), or read off measured runs."""
+    from pdlab.settings import data_dir
+    from pdlab.sim.calibrate import CalibrationGrid, calibrate, calibrate_from_runs
+    from pdlab.sim.validate import RunDirError
+
+    if from_runs:
+        try:
+            profile = calibrate_from_runs(from_runs, model)
+        except (RunDirError, ValueError) as error:
+            console.print(f"[red]error:[/red] {error}")
+            raise typer.Exit(code=2) from None
+    else:
+        grid = _quick_grid() if quick else CalibrationGrid()
+        with console.status(f"calibrating {model} ...") as status:
+            profile = calibrate(model, grid, progress=lambda what: status.update(f"calibrating {model}: {what}"))
+    out = out or data_dir() / "results" / f"sim-profile-{model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    console.print(f"fitted {len(profile['points'])} points, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
+                  f"max {profile['fit_error_pct']['max']:.1f}%: {out}")
+
+
+def _quick_grid():
+    from pdlab.sim.calibrate import CalibrationGrid
+
+    return CalibrationGrid(prefill_tokens=(64, 256), chunks=((64, 128),), decode_batches=(1, 2),
+                           decode_contexts=(64, 256), repeats=1)
+
+
+@app.command("fit")
+def fit_cmd(table: Path = typer.Argument(..., help="CSV: prefill_tokens, prefill_context, decode_seqs, "
+                                         "decode_context, step_s (one measured step per row)."),
+            model: str = typer.Option(..., help="Model the steps were measured on."),
+            source: str = typer.Option(..., help="Where the measurements come from."),
+            out: Path = typer.Option(..., help="Profile JSON to write.")) -> None:
+    """Fit a cost profile from a table of measured steps."""
+    from pdlab.sim.costs import CalibrationPoint, fit_profile
+
+    with table.open(newline="") as handle:
+        rows = [row for row in csv.DictReader(line for line in handle if not line.startswith("#"))]
+    try:
+        points = [CalibrationPoint(int(r["prefill_tokens"]), int(r["prefill_context"]), int(r["decode_seqs"]),
+                                   int(r["decode_context"]), float(r["step_s"])) for r in rows]
+    except (KeyError, ValueError) as error:
+        console.print(f"[red]error:[/red] {table}: bad or missing column: {error}")
+        raise typer.Exit(code=2) from None
+    profile = fit_profile(points, model=model, source=source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    console.print(f"fit error mean {profile['fit_error_pct']['mean']:.1f}% max {profile['fit_error_pct']['max']:.1f}%"
+                  f": {out}")
+
+
+@app.command("validate")
+def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run directories (see docs/simulator.md)."),
+                 profile: Path = typer.Option(..., help="Fitted profile from separate calibration runs."),
+                 out: Path = typer.Option(..., help="Directory for validation.json."),
+                 model: str = typer.Option(None, help="Model (default: the profile's)."),
+                 threshold: int = typer.Option(None, help="Override the run's router threshold."),
+                 budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
+                 results_copy: bool = typer.Option(True, help="Copy to data/results/sim-validation.json.")) -> None:
+    """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
+    from pdlab.settings import data_dir
+    from pdlab.sim.validate import RunDirError, infer_shape, read_run, validate_runs
+
+    model = model or json.loads(profile.read_text())["model"]
+    shape = None
+    if threshold is not None or budget is not None:
+        rows, summary = read_run(runs[0])
+        shape = infer_shape(rows, summary)
+        shape.threshold = threshold if threshold is not None else shape.threshold
+        shape.max_num_batched_tokens = budget or shape.max_num_batched_tokens
+    try:
+        result = validate_runs(runs, profile, model=model, shape=shape)
+    except RunDirError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    table = Table("run", "metric", "measured ms", "simulated ms", "error %", title="simulator vs measured")
+    for run_result in result["runs"]:
+        for metric, e in run_result["errors"].items():
+            table.add_row(Path(run_result["run"]).name, metric, _fmt(e["measured"]), _fmt(e["simulated"]),
+                          _fmt(e["error_pct"]))
+    console.print(table)
+    console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%)")
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2) + "\n"
+    (out / "validation.json").write_text(text)
+    results = data_dir() / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    if results_copy and (out / "validation.json").resolve() != (results / "sim-validation.json").resolve():
+        shutil.copyfile(out / "validation.json", results / "sim-validation.json")
+
+
+@app.command("search")
+def search_cmd(spec_path: Path = typer.Argument(..., help="A sim spec YAML with a `poisson` workload."),
+               gpus: int = typer.Option(..., help="GPUs to split between prefill and decode."),
+               find_rate: bool = typer.Option(False, help="Also find each split's highest rate meeting the SLOs."),
+               target: float = typer.Option(0.9, help="SLO attainment that counts as meeting them."),
+               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Best prefill:decode split of N GPUs for the spec's load and SLOs (DistServe-style goodput)."""
+    from pdlab.sim.search import search
+
+    spec = _load_spec(spec_path)
+    try:
+        result = search(spec, gpus, find_rate=find_rate, target=target)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table("pools", "SLO attainment", "goodput req/s", "short TTFT p99", "long TTFT p99", "short ITL p99",
+                  *(["max rate req/s"] if find_rate else []), title=f"{gpus} GPUs, {result['rate_rps']} req/s")
+    for row in result["splits"]:
+        pools = ", ".join(f"{k} {v}" for k, v in row["pools"].items())
+        table.add_row(pools, f"{row['attainment']:.1%}", f"{row['goodput_rps']:.2f}", _fmt(row["short_ttft_p99_ms"]),
+                      _fmt(row["long_ttft_p99_ms"]), _fmt(row["short_itl_p99_ms"]),
+                      *([f"{row['max_rate_rps']:.2f}"] if find_rate else []))
+    console.print(table)
+    console.print(f"best: {result['best']['pools']}")

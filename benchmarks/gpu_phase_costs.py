@@ -1,0 +1,134 @@
+"""GPU phase costs: measure, with torch on one GPU, prefill time vs prompt tokens and decode step time vs
+batch x context for Llama-shaped layers (random bf16 weights), and fit a simulator cost profile from them.
+
+NOT RUN YET: it needs a CUDA GPU, and pdlab's development machine has none. Until someone runs it, the simulator
+prices GPU steps with the roofline model (pdlab.sim.costs.RooflineCost) and the catalog's assumed efficiencies.
+
+    python benchmarks/gpu_phase_costs.py --model Llama-3.1-8B     # about 3-6 minutes on an H100/H200
+    python benchmarks/gpu_phase_costs.py --model Llama-3.1-70B --tensor-parallel 2
+
+It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
+shard would be), times them with CUDA events, scales the per-layer time to the model's depth and adds a measured
+LM-head matmul. No all-reduce is measured (one GPU). The output, data/results/gpu/<model>-<gpu>.json, holds the
+raw points, a fitted profile in pdlab's format (usable as `profile:` in a sim spec) and the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pdlab.environment import capture
+from pdlab.settings import data_dir
+from pdlab.sim.catalog import ModelShape, load_catalog
+from pdlab.sim.costs import CalibrationPoint, fit_profile
+
+PREFILL_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+CHUNKS = ((2048, 4096), (2048, 12288))
+DECODE_BATCHES = (1, 8, 32, 128)
+DECODE_CONTEXTS = (512, 2048, 8192)
+
+
+class Layer(torch.nn.Module):
+    """One Llama decoder layer's matmuls and attention, sharded `tp` ways (norms and rotary are negligible)."""
+
+    def __init__(self, m: ModelShape, tp: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = m.num_heads // tp, max(m.num_kv_heads // tp, 1), m.head_dim
+        self.qkv = torch.nn.Linear(m.hidden_size, (self.heads + 2 * self.kv_heads) * m.head_dim, bias=False)
+        self.o = torch.nn.Linear(self.heads * m.head_dim, m.hidden_size, bias=False)
+        self.gate_up = torch.nn.Linear(m.hidden_size, 2 * m.intermediate_size // tp, bias=False)
+        self.down = torch.nn.Linear(m.intermediate_size // tp, m.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, past: int) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                     self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k_cache[:, :, past:past + n] = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v_cache[:, :, past:past + n] = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        keys, values = k_cache[:, :, :past + n], v_cache[:, :, :past + n]
+        attn = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1 and past == 0, enable_gqa=True)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, n, -1))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def cuda_time(fn, repeats: int) -> float:
+    fn()  # warm-up (kernel selection)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return sorted(samples)[len(samples) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="Llama-3.1-8B")
+    parser.add_argument("--tensor-parallel", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=2, help="Layers actually built and timed.")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_phase_costs needs a CUDA GPU (torch.cuda.is_available() is False)")
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    shape: ModelShape = load_catalog().models[args.model]
+    tp, dev, dtype = args.tensor_parallel, torch.device("cuda"), torch.bfloat16
+    layers = torch.nn.ModuleList(Layer(shape, tp) for _ in range(args.layers)).to(dev, dtype).eval()
+    lm_head = torch.nn.Linear(shape.hidden_size, shape.vocab_size // tp, bias=False).to(dev, dtype)
+    scale = shape.num_layers / args.layers
+    kv_heads, hd = layers[0].kv_heads, shape.head_dim
+
+    def run(batch: int, new: int, past: int) -> float:
+        caches = [(torch.empty(batch, kv_heads, past + new, hd, device=dev, dtype=dtype),
+                   torch.empty(batch, kv_heads, past + new, hd, device=dev, dtype=dtype)) for _ in layers]
+        x = torch.randn(batch, new, shape.hidden_size, device=dev, dtype=dtype)
+
+        def step() -> None:
+            h = x
+            for layer, (k, v) in zip(layers, caches, strict=True):
+                h = layer(h, k, v, past)
+            lm_head(h[:, -1:])
+
+        with torch.inference_mode():
+            body = cuda_time(step, args.repeats)
+            head = cuda_time(lambda: lm_head(x[:, -1:]), args.repeats)
+        return (body - head) * scale + head
+
+    points: list[CalibrationPoint] = []
+    for n in PREFILL_TOKENS:
+        points.append(CalibrationPoint(n, 0, 0, 0, run(1, n, 0)))
+        print(f"prefill {n}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
+    for chunk, past in CHUNKS:
+        points.append(CalibrationPoint(chunk, past, 0, 0, run(1, chunk, past)))
+        print(f"chunk {chunk} after {past}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
+    for batch in DECODE_BATCHES:
+        for context in DECODE_CONTEXTS:
+            points.append(CalibrationPoint(0, 0, batch, context, run(batch, 1, context)))
+            print(f"decode batch {batch} context {context}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
+        torch.cuda.empty_cache()
+    gpu = torch.cuda.get_device_name().replace(" ", "-")
+    profile = fit_profile(points, model=args.model,
+                          source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
+    profile.update(dtype_bytes=2, gpu=gpu, tensor_parallel=tp, elapsed_s=time.perf_counter() - started,
+                   environment=capture())
+    out = args.out or data_dir() / "results" / "gpu" / f"{args.model}-{gpu}-tp{tp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    print(f"wrote {out} in {profile['elapsed_s']:.0f} s; fit error mean {profile['fit_error_pct']['mean']:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""A simulation spec (`pdlab sim run SPEC.yaml`): the same router settings as a real lab, plus the hardware,
+model, link and pool sizes the local machine cannot provide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from pdlab.config.base import Spec
+from pdlab.config.deployment import DeploymentSpec
+from pdlab.config.router import RouterSettings
+from pdlab.sim.workload import SimWorkload
+
+
+class LinkChoice(Spec):
+    """The KV-transfer link: a catalog entry, optionally with bandwidth or latency overridden."""
+
+    name: str | None = "efa-p5"
+    """A link from data/catalog/links.yaml; None means give `bandwidth_gbps` and `latency_us` directly."""
+    bandwidth_gbps: float | None = Field(default=None, gt=0)
+    """Overrides the catalog bandwidth (Gbit/s per instance)."""
+    latency_us: float | None = Field(default=None, ge=0)
+    """Overrides the catalog latency."""
+    concurrency: int = Field(default=1, ge=1)
+    """Transfers one prefill instance sends at once; the bandwidth is split into this many equal lanes."""
+    layerwise_overlap: bool = False
+    """Send each layer's KV while later layers are still computing (hides most of the transfer behind prefill)."""
+
+    @model_validator(mode="after")
+    def _named_or_given(self) -> LinkChoice:
+        if self.name is None and (self.bandwidth_gbps is None or self.latency_us is None):
+            raise ValueError("a link without `name` needs both `bandwidth_gbps` and `latency_us`")
+        return self
+
+
+class Pools(Spec):
+    """How many instances of each role. Either `colocated`, or `prefill` and `decode`."""
+
+    prefill: int = Field(default=0, ge=0)
+    decode: int = Field(default=0, ge=0)
+    colocated: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Pools:
+        if self.colocated and (self.prefill or self.decode):
+            raise ValueError("give either `colocated`, or `prefill` and `decode`; not both kinds")
+        if not self.colocated and not (self.prefill and self.decode):
+            raise ValueError("a P/D deployment needs at least one `prefill` and one `decode` instance")
+        return self
+
+
+class SimEngine(Spec):
+    """Per-instance serving engine settings (vLLM's scheduler knobs)."""
+
+    tensor_parallel: int = Field(default=1, ge=1)
+    """GPUs per instance."""
+    max_num_batched_tokens: int = Field(default=8192, gt=0)
+    """Token budget per step; decodes are scheduled first, prefill chunks fill the rest (chunked prefill)."""
+    max_num_seqs: int = Field(default=256, gt=0)
+    """Most sequences (prefilling or decoding) in an instance's batch."""
+    kv_cache_tokens: int | None = Field(default=None, gt=0)
+    """KV cache capacity per instance, tokens; None computes it from memory (GPU) or `kv_cache_gib` (local)."""
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    """KV cache per instance when the cost model is a fitted local profile (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of GPU memory for weights plus KV cache (vLLM's flag)."""
+
+
+class SLO(Spec):
+    """Service-level objectives for goodput."""
+
+    ttft_ms: float = Field(default=2000.0, gt=0)
+    tpot_ms: float = Field(default=100.0, gt=0)
+
+
+class SimSpec(Spec):
+    """One simulated deployment under one workload."""
+
+    name: str = "sim"
+    hardware: str = "H200-SXM-141GB"
+    """An accelerator from data/catalog/hardware.yaml (ignored when `profile` is given)."""
+    model: str = "Llama-3.1-8B"
+    """A model from data/catalog/models.yaml or pdlab's local catalog (pdlab-small, pdlab-tiny)."""
+    profile: Path | None = None
+    """A fitted cost profile: a JSON path (`pdlab sim calibrate`) or a name shipped in data/catalog/profiles/
+    (`pdlab-small-vllm-cpu`); replaces the hardware roofline."""
+    dtype_bytes: int = Field(default=2, ge=1, le=8)
+    """Bytes per weight and KV element: 2 for bf16, 4 for the local fp32 models."""
+    link: LinkChoice = Field(default_factory=LinkChoice)
+    pools: Pools = Field(default_factory=lambda: Pools(prefill=1, decode=1))
+    engine: SimEngine = Field(default_factory=SimEngine)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    """Threshold and strategies, exactly as for the real router."""
+    workload: SimWorkload
+    slo: SLO = Field(default_factory=SLO)
+    stall_ms: float = Field(default=250.0, gt=0)
+    """An inter-token gap longer than this counts as a stall."""
+
+    @classmethod
+    def for_deployment(cls, deployment: DeploymentSpec, workload: SimWorkload, **fields) -> SimSpec:
+        """The simulated twin of a real deployment: its pools, token budget, KV cache size and router settings,
+        on its model; `fields` add or override the rest (profile, hardware, link, ...)."""
+        counts = {role: len(deployment.by_role(role)) for role in ("prefill", "decode", "colocated")}
+        engine: dict = {}
+        first = deployment.instances[0]
+        if first.engine.max_num_batched_tokens:
+            engine["max_num_batched_tokens"] = first.engine.max_num_batched_tokens
+        if first.engine.max_num_seqs:
+            engine["max_num_seqs"] = first.engine.max_num_seqs
+        engine["kv_cache_gib"] = first.kv_cache_gib
+        router = RouterSettings(**deployment.router.model_dump(include=set(RouterSettings.model_fields))) \
+            if deployment.router else RouterSettings()
+        data = {"name": deployment.name, "model": deployment.model.name, "pools": counts, "engine": engine,
+                "router": router, "workload": workload,
+                "dtype_bytes": 4 if deployment.model.dtype == "float32" else 2, **fields}
+        return cls.model_validate(data)

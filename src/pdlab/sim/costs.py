@@ -1,0 +1,175 @@
+"""Cost models: how long one scheduler step and one KV transfer take. The one place for the formulas.
+
+A step is described by four numbers (the `StepLoad` features), the same for every cost model:
+- `prefill_tokens`: prompt tokens computed in the step (chunks of one or more prompts);
+- `prefill_attention`: sum over those chunks of `chunk * (already_computed + chunk / 2)`, the number of
+  query-key pairs causal attention touches (grows quadratically with prompt length);
+- `decode_seqs`: sequences producing one token each;
+- `decode_context`: sum of those sequences' context lengths (attention reads the whole KV cache).
+
+`RooflineCost` turns them into time from a hardware and a model shape; `FittedCost` is a linear model in the same
+features, fitted by least squares on measured step times (`fit_profile`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from pdlab.sim.catalog import Hardware, Link, ModelShape
+
+FEATURES = ("constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
+
+
+def step_features(prefill_tokens: float, prefill_attention: float, decode_seqs: float,
+                  decode_context: float) -> tuple[float, float, float, float, float]:
+    return (1.0, prefill_tokens, prefill_attention, decode_seqs, decode_context)
+
+
+def chunk_attention(chunk: int, already_computed: int) -> float:
+    """Causal attention work of a prefill chunk: each new token attends to everything before it."""
+    return chunk * (already_computed + chunk / 2)
+
+
+class StepCost(Protocol):
+    """Anything that prices a scheduler step, in seconds."""
+
+    def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
+                  decode_context: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Per-operation roofline: each part takes max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth).
+
+    Linear layers read every weight once per step and do 2 FLOPs per weight per token; attention does
+    4 * heads * head_dim FLOPs per query-key pair per layer and reads the KV cache of every decoding sequence.
+    Tensor parallelism multiplies compute and bandwidth (its all-reduce cost is left out)."""
+
+    hardware: Hardware
+    model: ModelShape
+    dtype_bytes: int = 2
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        hw, m, tp = self.hardware, self.model, self.tensor_parallel
+        flops = hw.peak_bf16_tflops * 1e12 * hw.compute_efficiency * tp
+        bandwidth = hw.hbm_gbps * 1e9 * hw.memory_efficiency * tp
+        # Precomputed per-unit costs keep step_time to a few float operations (it runs once per simulated step).
+        object.__setattr__(self, "_s_per_linear_token", 2 * m.num_layers * m.layer_params / flops)
+        object.__setattr__(self, "_s_per_logits_row", 2 * m.vocab_size * m.hidden_size / flops)
+        object.__setattr__(self, "_s_weights", m.params * self.dtype_bytes / bandwidth)
+        object.__setattr__(self, "_s_per_attention_pair", 4 * m.num_layers * m.num_heads * m.head_dim / flops)
+        object.__setattr__(self, "_s_per_kv_token", m.kv_bytes_per_token(self.dtype_bytes) / bandwidth)
+        object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3)
+
+    def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
+                  decode_context: int) -> float:
+        tokens = prefill_tokens + decode_seqs
+        if tokens == 0:
+            return 0.0
+        logits_rows = decode_seqs + (1 if prefill_tokens else 0)
+        linear = max(tokens * self._s_per_linear_token + logits_rows * self._s_per_logits_row, self._s_weights)
+        attention = max((prefill_attention + decode_context) * self._s_per_attention_pair,
+                        (decode_context + prefill_tokens) * self._s_per_kv_token)
+        return self._overhead + linear + attention
+
+
+@dataclass(frozen=True)
+class FittedCost:
+    """step_time = coefficients . step_features(...), fitted on measured steps of one machine and model."""
+
+    coefficients: tuple[float, float, float, float, float]
+
+    def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
+                  decode_context: int) -> float:
+        if prefill_tokens == 0 and decode_seqs == 0:
+            return 0.0
+        c0, c1, c2, c3, c4 = self.coefficients
+        return c0 + c1 * prefill_tokens + c2 * prefill_attention + c3 * decode_seqs + c4 * decode_context
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One measured step: what it computed and how long it took."""
+
+    prefill_tokens: int
+    prefill_context: int
+    """Tokens of the same prompt already in the KV cache before this chunk (0 for a whole-prompt prefill)."""
+    decode_seqs: int
+    decode_context: int
+    """Context length of each decoding sequence (all alike in a calibration grid)."""
+    step_s: float
+
+    def features(self) -> tuple[float, ...]:
+        attention = chunk_attention(self.prefill_tokens, self.prefill_context) if self.prefill_tokens else 0.0
+        return step_features(self.prefill_tokens, attention, self.decode_seqs, self.decode_seqs * self.decode_context)
+
+
+def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
+    """Non-negative least squares on relative error (so 5 ms decode steps weigh as much as 3 s prefills).
+    Features whose coefficient comes out negative are dropped and the rest refitted: a negative cost per token
+    would be an artefact of noise, and it would make the simulator predict faster steps for more work."""
+    if len(points) < 2:
+        raise ValueError("fitting needs at least two calibration points")
+    x = np.array([p.features() for p in points], dtype=float)
+    y = np.array([p.step_s for p in points], dtype=float)
+    if np.any(y <= 0):
+        raise ValueError("calibration step times must be positive")
+    weights = 1.0 / y
+    active = [i for i in range(x.shape[1]) if np.any(x[:, i] != 0)]
+    while True:
+        solution, *_ = np.linalg.lstsq(x[:, active] * weights[:, None], y * weights, rcond=None)
+        if np.all(solution >= 0) or len(active) == 1:
+            break
+        active = [i for i, c in zip(active, solution, strict=True) if c > 0] or active[:1]
+    coefficients = np.zeros(x.shape[1])
+    coefficients[active] = np.clip(solution, 0, None)
+    return tuple(float(c) for c in coefficients)
+
+
+def fit_profile(points: list[CalibrationPoint], model: str, source: str) -> dict:
+    """A fitted cost profile (JSON-ready): coefficients, the points, and the fit's own error."""
+    coefficients = fit_coefficients(points)
+    cost = FittedCost(coefficients)  # type: ignore[arg-type]
+    errors = [abs(cost.step_time(*p.features()[1:]) - p.step_s) / p.step_s * 100 for p in points]
+    return {
+        "kind": "fitted",
+        "model": model,
+        "features": list(FEATURES),
+        "coefficients": list(coefficients),
+        "fit_error_pct": {"mean": float(np.mean(errors)), "max": float(np.max(errors))},
+        "source": source,
+        "points": [p.__dict__ for p in points],
+    }
+
+
+def load_profile(path: str | Path) -> tuple[FittedCost, dict]:
+    """Read a fitted profile JSON (as written by `pdlab sim calibrate` or `fit_profile`)."""
+    profile = json.loads(Path(path).read_text())
+    if profile.get("kind") != "fitted" or list(profile.get("features", [])) != list(FEATURES):
+        raise ValueError(f"{path}: not a pdlab fitted cost profile (kind 'fitted' with features {FEATURES})")
+    return FittedCost(tuple(profile["coefficients"])), profile  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TransferCost:
+    """KV transfer over a link: latency plus bytes over bandwidth, split into `concurrency` equal lanes.
+    With layer-wise overlap the prefill instance sends each layer's KV as soon as it is computed, so only the
+    part that could not overlap the prefill (at least one layer's worth) remains after the prefill ends."""
+
+    link: Link
+    kv_bytes_per_token: int
+    num_layers: int
+    concurrency: int = 1
+    layerwise_overlap: bool = False
+
+    def transfer_time(self, tokens: int, prefill_s: float = 0.0) -> float:
+        wire = tokens * self.kv_bytes_per_token / (self.link.bytes_per_s / self.concurrency)
+        if self.layerwise_overlap:
+            wire = max(wire - prefill_s * (self.num_layers - 1) / self.num_layers, wire / self.num_layers)
+        return self.link.latency_us / 1e6 + wire

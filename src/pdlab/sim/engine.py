@@ -1,0 +1,320 @@
+"""The event engine (SimPy): instances stepping their schedulers, the router, and KV transfers.
+
+One SimPy process per instance, one timeout per scheduler step (not per token), which is what makes 10,000
+requests take well under two seconds. Every running sequence gets one token per step, so a request's token
+times are a contiguous run of its decode instance's step-end times, recorded as (instance, first step) and
+expanded at the end.
+
+Modelled like vLLM's scheduler: decodes are scheduled first, prefill chunks (FCFS) fill what is left of the
+token budget; a request is admitted only when its whole sequence (prompt + output) fits in the instance's KV cache
+(so nothing is ever preempted); the router's threshold and replica choice are pdlab.router's own code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from pdlab.config.router import RouterSettings
+from pdlab.router.strategies import ReplicaState, RequestFeatures, RoutingStrategy, decide_path, make_strategy
+from pdlab.sim.costs import StepCost, TransferCost, chunk_attention
+from pdlab.sim.workload import Arrival
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    """A request's life in the simulator; times in seconds."""
+
+    id: int
+    arrival: Arrival
+    features: RequestFeatures
+    path: str = "direct"
+    computed: int = 0
+    """Prompt tokens already prefilled."""
+    reserved: int = 0
+    """KV tokens reserved on the instance currently holding it."""
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+    prefill_start: float = math.nan
+    prefill_end: float = math.nan
+    transfer_start: float = math.nan
+    transfer_end: float = math.nan
+    prefill_host: Instance | None = None
+    decode_host: Instance | None = None
+    decode_reserved: int = 0
+    token_instance: Instance | None = None
+    first_step: int = -1
+    """Index of the step (on `token_instance`) that produced the first token; token i came at step first_step+i."""
+    finish: float = math.nan
+    failed: str | None = None
+    """Why the request could not be served (e.g. longer than an instance's whole KV cache)."""
+
+
+class Link:
+    """One prefill instance's outgoing KV link: `concurrency` lanes (a SimPy resource, FIFO)."""
+
+    def __init__(self, cost: TransferCost):
+        self.cost = cost
+        self.lanes: simpy.Resource | None = None
+        """Made when a simulation binds the link to its environment."""
+
+
+@dataclass(eq=False)
+class Instance:
+    """One serving instance and its scheduler state."""
+
+    name: str
+    role: str
+    cost: StepCost
+    budget: int
+    max_seqs: int
+    kv_capacity: int
+    link: Link | None = None
+    kv_used: int = 0
+    in_flight: int = 0
+    """Requests the router has in flight here (its ReplicaState view)."""
+    prefill_queue: deque = field(default_factory=deque)
+    """Requests waiting for or in prefill, FCFS."""
+    pending_joins: list = field(default_factory=list)
+    """Transferred requests that join the decode batch at the next step."""
+    remote_waiting: deque = field(default_factory=deque)
+    """Disaggregated requests waiting for KV space before their transfer can start."""
+    running: int = 0
+    context: int = 0
+    prefilling: int = 0
+    """Admitted requests still prefilling (they count against max_seqs)."""
+    incoming: int = 0
+    """Admitted transferred requests not yet decoding (they count against max_seqs)."""
+    finish_at: dict = field(default_factory=dict)
+    step: int = 0
+    step_ends: list = field(default_factory=list)
+    idle: simpy.Event | None = None
+    """While the instance has nothing to do: the event that wakes it."""
+    _ends: np.ndarray | None = field(default=None, repr=False)
+
+    def step_end_array(self) -> np.ndarray:
+        """Step end times as a numpy array (built once, after the run)."""
+        if self._ends is None or len(self._ends) != len(self.step_ends):
+            self._ends = np.asarray(self.step_ends)
+        return self._ends
+
+    def state(self) -> ReplicaState:
+        return ReplicaState(url=self.name, in_flight=self.in_flight, running=self.running + self.prefilling,
+                            waiting=len(self.prefill_queue) - self.prefilling + len(self.remote_waiting))
+
+    def reserve_for(self, request: SimRequest) -> int:
+        """KV tokens to hold: the prompt on a prefill instance, the whole sequence elsewhere."""
+        a = request.arrival
+        return a.prompt_tokens if self.role == "prefill" else a.prompt_tokens + a.output_tokens
+
+
+class Simulation:
+    """A deployment of instances behind pdlab's routing decisions, driven by a list of arrivals."""
+
+    def __init__(self, *, router: RouterSettings, colocated: Sequence[Instance] = (),
+                 prefill: Sequence[Instance] = (), decode: Sequence[Instance] = (), record: bool = False):
+        self.router = router
+        self.prefill_pool = list(prefill)
+        self.decode_pool = list(colocated) or list(decode)
+        self.prefill_strategy: RoutingStrategy = make_strategy(router.prefill_strategy)
+        self.decode_strategy: RoutingStrategy = make_strategy(router.decode_strategy)
+        self.env = simpy.Environment()
+        self.requests: list[SimRequest] = []
+        self.decisions: list[tuple[int, str, str | None, str | None]] = []
+        """(request id, path, prefill instance, decode instance), in decision order."""
+        self.trace: list[tuple[str, RequestFeatures, list[ReplicaState], int]] | None = [] if record else None
+        """With `record`: every replica choice as (pool, features, snapshot, chosen index), to replay elsewhere."""
+
+    # -- processes ----------------------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def run(self, arrivals: Sequence[Arrival]) -> list[SimRequest]:
+        for i, a in enumerate(arrivals):
+            features = RequestFeatures(prompt_tokens=a.prompt_tokens, block_hashes=a.prefix_hashes,
+                                       session_key=a.session)
+            self.requests.append(SimRequest(id=i, arrival=a, features=features))
+        for inst in self.prefill_pool + self.decode_pool:
+            if inst.link is not None:
+                inst.link.lanes = simpy.Resource(self.env, capacity=inst.link.cost.concurrency)
+            self.env.process(self._serve(inst))
+        self.env.process(self._clients())
+        self.env.run()
+        return self.requests
+
+    def _clients(self):
+        env = self.env
+        for request in sorted(self.requests, key=lambda r: r.arrival.at_s):
+            if request.arrival.at_s > env.now:
+                yield env.timeout(request.arrival.at_s - env.now)
+            self._arrive(request)
+
+    def _serve(self, inst: Instance):
+        """An instance's scheduler loop: plan a step, spend its duration, apply it; sleep when there is no work."""
+        env = self.env
+        while True:
+            step = self._plan_step(inst)
+            if step is None:
+                inst.idle = env.event()
+                yield inst.idle
+                inst.idle = None
+                continue
+            chunks, duration = step
+            yield env.timeout(duration)
+            self._end_step(inst, chunks)
+
+    # -- router -------------------------------------------------------------------------------------------------
+    def _choose(self, strategy: RoutingStrategy, pool: list[Instance], request: SimRequest) -> Instance:
+        states = [inst.state() for inst in pool]
+        index = strategy.choose(request.features, states)
+        strategy.observe(request.features, states[index])
+        if self.trace is not None:
+            self.trace.append((pool[0].role, request.features, states, index))
+        return pool[index]
+
+    def _arrive(self, request: SimRequest) -> None:
+        if self.prefill_pool and decide_path(request.arrival.prompt_tokens, self.router.threshold) == "disaggregated":
+            request.path = "disaggregated"
+            if request.arrival.prompt_tokens + request.arrival.output_tokens > min(
+                    inst.kv_capacity for inst in self.decode_pool):
+                request.failed = "sequence longer than a decode instance's KV cache"
+                return
+            target = self._choose(self.prefill_strategy, self.prefill_pool, request)
+            request.prefill_instance = target.name
+            self.decisions.append((request.id, request.path, target.name, None))
+        else:
+            target = self._choose(self.decode_strategy, self.decode_pool, request)
+            request.decode_instance = target.name
+            self.decisions.append((request.id, request.path, None, target.name))
+        if target.reserve_for(request) > target.kv_capacity:
+            request.failed = f"sequence longer than {target.name}'s KV cache"
+            return
+        target.in_flight += 1
+        target.prefill_queue.append(request)
+        self._wake(target)
+
+    # -- instances ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def _wake(inst: Instance) -> None:
+        if inst.idle is not None and not inst.idle.triggered:
+            inst.idle.succeed()
+
+    def _plan_step(self, inst: Instance) -> tuple[list, float] | None:
+        """What the next step computes and how long it takes; None when there is nothing to do."""
+        for request in inst.pending_joins:  # transferred KV: decode from this step on, first token at its end
+            request.token_instance = inst
+            request.first_step = inst.step
+            inst.incoming -= 1
+            inst.running += 1
+            inst.context += request.arrival.prompt_tokens
+            inst.finish_at.setdefault(inst.step + request.arrival.output_tokens - 1, []).append(request)
+        inst.pending_joins.clear()
+        decode_seqs = inst.running
+        budget = inst.budget - decode_seqs
+        chunks = []
+        prefill_tokens = 0
+        attention = 0.0
+        for request in inst.prefill_queue:
+            if budget <= 0:
+                break
+            if not request.reserved:
+                need = inst.reserve_for(request)
+                if inst.kv_used + need > inst.kv_capacity or \
+                        inst.running + inst.prefilling + inst.incoming >= inst.max_seqs:
+                    break  # FCFS: the head waits for space, the rest wait behind it
+                request.reserved = need
+                inst.kv_used += need
+                inst.prefilling += 1
+                request.prefill_start = self.now
+            chunk = min(request.arrival.prompt_tokens - request.computed, budget)
+            chunks.append((request, chunk))
+            prefill_tokens += chunk
+            attention += chunk_attention(chunk, request.computed)
+            budget -= chunk
+        if not chunks and not decode_seqs:
+            return None
+        return chunks, inst.cost.step_time(prefill_tokens, attention, decode_seqs, inst.context)
+
+    def _end_step(self, inst: Instance, chunks: list) -> None:
+        now = self.now
+        inst.step_ends.append(now)
+        inst.context += inst.running  # every decoding sequence grew by one token
+        for request, chunk in chunks:
+            request.computed += chunk
+            if request.computed < request.arrival.prompt_tokens:
+                continue
+            inst.prefill_queue.popleft()  # completed prefills are always at the head (FCFS chunks)
+            inst.prefilling -= 1
+            request.prefill_end = now
+            if inst.role == "prefill":
+                inst.in_flight -= 1
+                self._prefill_done(inst, request)
+            else:
+                request.token_instance = inst
+                request.first_step = inst.step
+                if request.arrival.output_tokens > 1:  # decodes from the next step on
+                    inst.running += 1
+                    inst.context += request.arrival.prompt_tokens + 1
+                    inst.finish_at.setdefault(inst.step + request.arrival.output_tokens - 1, []).append(request)
+                else:
+                    self._finish(inst, request, now, decoding=False)
+        for request in inst.finish_at.pop(inst.step, ()):
+            self._finish(inst, request, now, decoding=True)
+        inst.step += 1
+        self._admit_remote(inst)
+
+    def _finish(self, inst: Instance, request: SimRequest, now: float, decoding: bool) -> None:
+        if decoding:
+            inst.running -= 1
+            inst.context -= request.arrival.prompt_tokens + request.arrival.output_tokens
+        inst.kv_used -= request.reserved
+        request.reserved = 0
+        inst.in_flight -= 1
+        request.finish = now
+
+    # -- P/D hand-off -------------------------------------------------------------------------------------------
+    def _prefill_done(self, prefill: Instance, request: SimRequest) -> None:
+        decode = self._choose(self.decode_strategy, self.decode_pool, request)
+        request.decode_instance = decode.name
+        self.decisions.append((request.id, request.path, request.prefill_instance, decode.name))
+        decode.in_flight += 1
+        request.prefill_host = prefill
+        decode.remote_waiting.append(request)
+        self._admit_remote(decode)
+
+    def _admit_remote(self, decode: Instance) -> None:
+        """Decode instances pull KV once they have room for the whole sequence (vLLM's NixlConnector is pull)."""
+        while decode.remote_waiting:
+            request = decode.remote_waiting[0]
+            need = decode.reserve_for(request)
+            if decode.kv_used + need > decode.kv_capacity or \
+                    decode.running + decode.prefilling + decode.incoming >= decode.max_seqs:
+                return
+            decode.remote_waiting.popleft()
+            decode.kv_used += need
+            decode.incoming += 1
+            request.decode_reserved = need
+            request.decode_host = decode
+            self.env.process(self._transfer(request))
+
+    def _transfer(self, request: SimRequest):
+        """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
+        prefill, decode = request.prefill_host, request.decode_host
+        link = prefill.link
+        with link.lanes.request() as lane:
+            yield lane
+            request.transfer_start = self.now
+            yield self.env.timeout(link.cost.transfer_time(request.arrival.prompt_tokens,
+                                                           request.prefill_end - request.prefill_start))
+        request.transfer_end = self.now
+        prefill.kv_used -= request.reserved
+        request.reserved = request.decode_reserved
+        decode.pending_joins.append(request)
+        self._wake(decode)
+        self._wake(prefill)  # freed KV may admit a waiting prefill

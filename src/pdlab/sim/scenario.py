@@ -1,0 +1,109 @@
+"""From a SimSpec to a finished simulation: pick the cost model, size the KV caches, build the pools, run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdlab.config.base import ConfigError
+from pdlab.config.sim import SimSpec
+from pdlab.sim.catalog import Catalog, Link, ModelShape, catalog_dir, load_catalog
+from pdlab.sim.costs import RooflineCost, StepCost, TransferCost, load_profile
+from pdlab.sim.engine import Instance, Simulation
+from pdlab.sim.engine import Link as LinkQueue
+from pdlab.sim.summary import summarize
+from pdlab.sim.workload import Arrival, arrivals
+
+
+@dataclass
+class Prepared:
+    """Everything a spec resolves to before the engine runs (reused across runs of the same spec)."""
+
+    spec: SimSpec
+    model: ModelShape
+    cost: StepCost
+    link: Link
+    kv_capacity: int
+    cost_source: str
+
+
+def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
+    choice = spec.link
+    base = catalog.get("links", choice.name) if choice.name else None
+    updates = {k: v for k, v in (("bandwidth_gbps", choice.bandwidth_gbps), ("latency_us", choice.latency_us))
+               if v is not None}
+    if base is None:
+        return Link(source="given in the sim spec", **updates)
+    return base.model_copy(update=updates) if updates else base
+
+
+def resolve_profile(path: Path) -> Path:
+    """A profile path as given, else a name from data/catalog/profiles/ (`pdlab-small-vllm-cpu`)."""
+    if path.exists():
+        return path
+    shipped = catalog_dir() / "profiles" / f"{path.name}.json"
+    if path.suffix == "" and shipped.exists():
+        return shipped
+    known = sorted(p.stem for p in (catalog_dir() / "profiles").glob("*.json"))
+    raise ConfigError("profile", [(str(path), f"no such file, nor a shipped profile; shipped: {known}")])
+
+
+def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
+    catalog = catalog or load_catalog()
+    model: ModelShape = catalog.get("models", spec.model)
+    kv_per_token = model.kv_bytes_per_token(spec.dtype_bytes)
+    engine = spec.engine
+    if spec.profile is not None:
+        cost, profile = load_profile(resolve_profile(spec.profile))
+        source = f"fitted profile {spec.profile} ({profile.get('source', '')})"
+        capacity = engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token)
+    else:
+        hardware = catalog.get("hardware", spec.hardware)
+        cost = RooflineCost(hardware, model, spec.dtype_bytes, engine.tensor_parallel)
+        source = f"roofline: {spec.hardware} x{engine.tensor_parallel}, {spec.model}"
+        free = hardware.memory_gib * 2**30 * engine.tensor_parallel * engine.gpu_memory_utilization \
+            - model.params * spec.dtype_bytes
+        if engine.kv_cache_tokens is None and free <= 0:
+            raise ValueError(f"{spec.model} does not fit on {engine.tensor_parallel} x {spec.hardware}: "
+                             "raise engine.tensor_parallel")
+        capacity = engine.kv_cache_tokens or int(free // kv_per_token)
+    return Prepared(spec, model, cost, resolve_link(spec, catalog), capacity, source)
+
+
+def build(prepared: Prepared) -> Simulation:
+    spec, engine = prepared.spec, prepared.spec.engine
+
+    def instance(name: str, role: str) -> Instance:
+        inst = Instance(name=name, role=role, cost=prepared.cost, budget=engine.max_num_batched_tokens,
+                        max_seqs=engine.max_num_seqs, kv_capacity=prepared.kv_capacity)
+        if role == "prefill":
+            inst.link = LinkQueue(TransferCost(prepared.link, prepared.model.kv_bytes_per_token(spec.dtype_bytes),
+                                               prepared.model.num_layers, spec.link.concurrency,
+                                               spec.link.layerwise_overlap))
+        return inst
+
+    pools = spec.pools
+    return Simulation(
+        router=spec.router,
+        colocated=[instance(f"colocated-{i}", "colocated") for i in range(pools.colocated)],
+        prefill=[instance(f"prefill-{i}", "prefill") for i in range(pools.prefill)],
+        decode=[instance(f"decode-{i}", "decode") for i in range(pools.decode)],
+    )
+
+
+def simulate(spec: SimSpec, *, catalog: Catalog | None = None, prepared: Prepared | None = None,
+             requests: list[Arrival] | None = None) -> tuple[dict, Simulation]:
+    """Run `spec`; returns the summary (same shape as a measured run's) and the finished simulation."""
+    prepared = prepared or prepare(spec, catalog)
+    sim = build(prepared)
+    finished = sim.run(requests if requests is not None else arrivals(spec.workload))
+    summary = summarize(finished, stall_ms=spec.stall_ms, ttft_slo_ms=spec.slo.ttft_ms,
+                        tpot_slo_ms=spec.slo.tpot_ms)
+    summary["scenario"] = spec.name
+    summary["cost_model"] = prepared.cost_source
+    summary["link"] = {"bandwidth_gbps": prepared.link.bandwidth_gbps, "latency_us": prepared.link.latency_us,
+                       "source": prepared.link.source}
+    summary["kv_cache_tokens_per_instance"] = prepared.kv_capacity
+    summary["unfinished"] = sum(1 for r in finished if math.isnan(r.finish) and r.failed is None)
+    return summary, sim

@@ -1,0 +1,192 @@
+"""Check the simulator against measured runs: replay each run's requests through a simulation that uses a cost
+profile fitted on separate calibration runs, and compare p50 and p99 TTFT and ITL per request class.
+
+A run directory holds (columns are matched by any of the listed names; unknown columns are ignored):
+- a raw rows CSV (`requests.csv`, `rows.csv` or `raw.csv`, else the only `*.csv`), one row per request:
+  start time (`start_s`, `start_time`, `sent_at`, `t_start`: seconds, any origin), class (`cls`, `class`,
+  `category`), `prompt_tokens`, output tokens (`output_tokens`, `completion_tokens`), token arrival times
+  (`token_times`, `token_timestamps`: a JSON list or `;`/space-separated seconds, on the same clock as the start
+  time), and optionally `path` (`disaggregated`/`direct`) and `ok`/`failed`/`error`;
+- optionally `summary.json`; its `deployment` (a DeploymentSpec as JSON) or `scenario` (`colocated`,
+  `disaggregated`), `router.threshold` and engine `max_num_batched_tokens` say what to simulate; options override.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pdlab.config.sim import SimSpec
+from pdlab.settings import DEFAULT_ROUTING_THRESHOLD
+from pdlab.sim.scenario import simulate
+from pdlab.sim.workload import Arrival
+
+COLUMNS = {
+    "start": ("start_s", "start_time", "sent_at", "t_start"),
+    "cls": ("cls", "class", "category"),
+    "prompt": ("prompt_tokens",),
+    "output": ("output_tokens", "completion_tokens"),
+    "tokens": ("token_times", "token_timestamps"),
+    "path": ("path",),
+}
+METRICS = (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"))
+
+
+class RunDirError(ValueError):
+    """A run directory the validator cannot read; the message names the file and what is missing."""
+
+
+@dataclass
+class MeasuredRequest:
+    start: float
+    cls: str
+    prompt_tokens: int
+    output_tokens: int
+    token_times: list[float]
+    path: str | None = None
+
+
+@dataclass
+class RunShape:
+    """What to simulate for a run."""
+
+    colocated: int = 0
+    prefill: int = 0
+    decode: int = 0
+    threshold: int = DEFAULT_ROUTING_THRESHOLD
+    max_num_batched_tokens: int = 8192
+
+
+def _rows_file(run_dir: Path) -> Path:
+    for name in ("requests.csv", "rows.csv", "raw.csv"):
+        if (run_dir / name).exists():
+            return run_dir / name
+    found = sorted(run_dir.glob("*.csv"))
+    if len(found) != 1:
+        raise RunDirError(f"{run_dir}: expected requests.csv (or exactly one *.csv), found {[p.name for p in found]}")
+    return found[0]
+
+
+def _column(header: list[str], key: str, path: Path, required: bool = True) -> str | None:
+    for name in COLUMNS[key]:
+        if name in header:
+            return name
+    if required:
+        raise RunDirError(f"{path}: no column for {key}; expected one of {list(COLUMNS[key])}, have {header}")
+    return None
+
+
+def _times(text: str) -> list[float]:
+    text = (text or "").strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        return [float(t) for t in json.loads(text)]
+    return [float(t) for t in text.replace(";", " ").split()]
+
+
+def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
+    path = _rows_file(run_dir)
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = list(reader.fieldnames or [])
+        cols = {key: _column(header, key, path, required=key != "path") for key in COLUMNS}
+        failed_col = next((c for c in ("failed", "error") if c in header), None)
+        ok_col = "ok" if "ok" in header else None
+        rows = []
+        for row in reader:
+            if ok_col and row[ok_col].strip().lower() in ("false", "0", "no"):
+                continue
+            if failed_col and row[failed_col].strip() not in ("", "0", "false", "False", "None"):
+                continue
+            rows.append(MeasuredRequest(
+                start=float(row[cols["start"]]), cls=row[cols["cls"]], prompt_tokens=int(row[cols["prompt"]]),
+                output_tokens=int(row[cols["output"]]), token_times=_times(row[cols["tokens"]]),
+                path=row[cols["path"]] if cols["path"] else None))
+    if not rows:
+        raise RunDirError(f"{path}: no successful requests")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return rows, summary
+
+
+def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
+    shape = RunShape()
+    deployment = summary.get("deployment") or {}
+    instances = deployment.get("instances") or []
+    for inst in instances:
+        role = inst.get("role")
+        if role in ("colocated", "prefill", "decode"):
+            setattr(shape, role, getattr(shape, role) + 1)
+        budget = (inst.get("engine") or {}).get("max_num_batched_tokens")
+        if budget:
+            shape.max_num_batched_tokens = int(budget)
+    router = summary.get("router") or deployment.get("router") or {}
+    if router.get("threshold") is not None:
+        shape.threshold = int(router["threshold"])
+    if not instances:
+        disaggregated = summary.get("scenario") == "disaggregated" or any(r.path == "disaggregated" for r in rows)
+        if disaggregated:
+            shape.prefill = shape.decode = 1
+        else:
+            shape.colocated = 1
+    return shape
+
+
+def measured_metrics(rows: list[MeasuredRequest]) -> dict:
+    out: dict = {}
+    for cls in sorted({r.cls for r in rows}):
+        mine = [r for r in rows if r.cls == cls and r.token_times]
+        ttft = np.array([(r.token_times[0] - r.start) * 1e3 for r in mine])
+        gaps = [np.diff(r.token_times) * 1e3 for r in mine]
+        itl = np.concatenate(gaps) if gaps else np.empty(0)
+        out[cls] = {"ttft_ms": _pcts(ttft), "itl_ms": _pcts(itl)}
+    return out
+
+
+def _pcts(values: np.ndarray) -> dict:
+    if values.size == 0:
+        return {"p50": None, "p99": None}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": float(p50), "p99": float(p99)}
+
+
+def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+    rows, summary = read_run(run_dir)
+    shape = shape or infer_shape(rows, summary)
+    origin = min(r.start for r in rows)
+    arrivals = sorted((Arrival(r.start - origin, r.prompt_tokens, r.output_tokens, r.cls) for r in rows),
+                      key=lambda a: a.at_s)
+    spec = SimSpec.model_validate({
+        "name": run_dir.name, "model": model, "profile": str(profile), "dtype_bytes": 4,
+        "link": {"name": "local-loopback"},
+        "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
+        "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens},
+        "router": {"threshold": shape.threshold},
+        "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
+                                   "output_tokens": a.output_tokens, "cls": a.cls} for a in arrivals]},
+    })
+    simulated, _ = simulate(spec, requests=arrivals)
+    measured = measured_metrics(rows)
+    errors = {}
+    for cls, metrics in measured.items():
+        for metric, pct in METRICS:
+            real, sim = metrics[metric][pct], (simulated.get(cls) or {}).get(metric, {}).get(pct)
+            if real is None or sim is None or real == 0:
+                continue
+            errors[f"{cls}.{metric}.{pct}"] = {"measured": real, "simulated": sim,
+                                              "error_pct": abs(sim - real) / real * 100}
+    return {"run": str(run_dir), "shape": shape.__dict__, "errors": errors,
+            "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
+
+
+def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+    runs = [validate_run(d, profile, model=model, shape=shape) for d in run_dirs]
+    worst = [r["max_error_pct"] for r in runs if not math.isnan(r["max_error_pct"])]
+    return {"profile": str(profile), "model": model, "runs": runs, "goal_pct": 10.0,
+            "max_error_pct": max(worst) if worst else None}

@@ -1,0 +1,100 @@
+"""Catalog figures load with their sources; fitting recovers known costs; the calibration benchmark runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdlab.config.base import ConfigError
+from pdlab.config.sim import SimSpec
+from pdlab.sim.catalog import load_catalog
+from pdlab.sim.costs import CalibrationPoint, FittedCost, fit_coefficients, fit_profile, load_profile
+
+
+def test_catalog_has_the_required_entries_each_with_a_source() -> None:
+    catalog = load_catalog()
+    for name in ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "L40S"):
+        assert name in catalog.hardware
+    for name in ("Llama-3.1-8B", "Llama-3.1-70B", "Qwen2.5-7B", "pdlab-small", "pdlab-tiny"):
+        assert name in catalog.models
+    for name in ("efa-p4d", "efa-p5", "efa-p5en", "nvlink4", "infiniband-ndr", "tcp-10gbe", "tcp-100gbe"):
+        assert name in catalog.links
+    for table in (catalog.hardware, catalog.models, catalog.links):
+        for entry in table.values():
+            assert entry.source.strip()
+            assert set(entry.assumed) <= set(type(entry).model_fields)
+
+
+def test_model_shapes_give_the_known_sizes() -> None:
+    models = load_catalog().models
+    assert models["Llama-3.1-8B"].params == pytest.approx(8.03e9, rel=0.01)
+    assert models["Llama-3.1-70B"].params == pytest.approx(70.6e9, rel=0.01)
+    # 2 (K and V) x 80 layers x 8 KV heads x 128 x 2 bytes = 320 KiB per token
+    assert models["Llama-3.1-70B"].kv_bytes_per_token(2) == 327_680
+
+
+def test_unknown_catalog_names_are_errors_that_list_the_choices() -> None:
+    from pdlab.sim.scenario import prepare
+
+    spec = SimSpec.model_validate({"hardware": "B300", "workload": {"poisson": {"rate_rps": 1, "num_requests": 1}}})
+    with pytest.raises(ConfigError, match="H200-SXM-141GB"):
+        prepare(spec)
+
+
+def test_spec_errors_name_the_field() -> None:
+    from pdlab.config.base import validate
+
+    with pytest.raises(ConfigError, match="pools"):
+        validate(SimSpec, {"pools": {"prefill": 1}, "workload": {"poisson": {"rate_rps": 1, "num_requests": 1}}})
+    with pytest.raises(ConfigError, match="workload"):
+        validate(SimSpec, {"workload": {}})
+    with pytest.raises(ConfigError, match="router.threshold"):
+        validate(SimSpec, {"router": {"threshold": -1}, "workload": {"poisson": {"rate_rps": 1, "num_requests": 1}}})
+
+
+def grid_points(cost: FittedCost) -> list[CalibrationPoint]:
+    points = []
+    for n in (64, 256, 1024, 4096):
+        points.append(CalibrationPoint(n, 0, 0, 0, 0.0))
+    points.append(CalibrationPoint(512, 2048, 0, 0, 0.0))
+    for b in (1, 4, 16):
+        for c in (128, 2048):
+            points.append(CalibrationPoint(0, 0, b, c, 0.0))
+    return [CalibrationPoint(p.prefill_tokens, p.prefill_context, p.decode_seqs, p.decode_context,
+                             cost.step_time(*p.features()[1:])) for p in points]
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    truth = FittedCost((0.004, 4e-4, 3e-8, 1e-3, 2e-7))
+    fitted = fit_coefficients(grid_points(truth))
+    assert fitted == pytest.approx(truth.coefficients, rel=1e-6)
+
+
+def test_fit_never_returns_negative_costs(tmp_path) -> None:
+    points = grid_points(FittedCost((0.004, 4e-4, 0.0, 1e-3, 0.0)))
+    noisy = [CalibrationPoint(p.prefill_tokens, p.prefill_context, p.decode_seqs, p.decode_context,
+                              p.step_s * (1.07 if i % 2 else 0.94)) for i, p in enumerate(points)]
+    profile = fit_profile(noisy, model="pdlab-tiny", source="synthetic")
+    assert all(c >= 0 for c in profile["coefficients"])
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    cost, loaded = load_profile(path)
+    assert cost.coefficients == tuple(profile["coefficients"]) and loaded["model"] == "pdlab-tiny"
+    path.write_text(json.dumps({"kind": "roofline"}))
+    with pytest.raises(ValueError, match="fitted"):
+        load_profile(path)
+
+
+def test_calibration_measures_the_tiny_model_and_fits_it() -> None:
+    from pdlab.sim.calibrate import CalibrationGrid, calibrate
+
+    grid = CalibrationGrid(prefill_tokens=(32, 256), chunks=((64, 128),), decode_batches=(1, 2),
+                           decode_contexts=(32, 256), repeats=1)
+    profile = calibrate("pdlab-tiny", grid)
+    assert len(profile["points"]) == 2 + 1 + 4
+    assert all(p["step_s"] > 0 for p in profile["points"])
+    cost = FittedCost(tuple(profile["coefficients"]))
+    # more prompt costs more time: the fit must say so, as the measurements do
+    assert cost.step_time(256, 256 * 128, 0, 0) > cost.step_time(32, 32 * 16, 0, 0)
+    assert profile["environment"]["python"] and profile["dtype_bytes"] == 4

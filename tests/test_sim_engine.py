@@ -1,0 +1,130 @@
+"""The event engine on scenarios small enough to work out by hand, plus monotonic sanity checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdlab.config.router import RouterSettings
+from pdlab.config.sim import SimSpec
+from pdlab.sim.catalog import load_catalog
+from pdlab.sim.costs import FittedCost, RooflineCost, TransferCost, chunk_attention
+from pdlab.sim.engine import Instance, Link, Simulation
+from pdlab.sim.scenario import prepare, simulate
+from pdlab.sim.summary import token_times
+from pdlab.sim.workload import Arrival
+
+# 10 ms per step + 1 ms per prefill token + 1 us per attention pair + 2 ms per decoding sequence + 1 us per
+# context token: distinct coefficients, so a wrong feature shows up as a wrong time.
+COST = FittedCost((0.010, 0.001, 1e-6, 0.002, 1e-6))
+
+
+def instance(name: str, role: str, *, budget: int = 8192, link: Link | None = None) -> Instance:
+    return Instance(name=name, role=role, cost=COST, budget=budget, max_seqs=64, kv_capacity=100_000, link=link)
+
+
+def test_one_disaggregated_request_ttft_is_queue_plus_prefill_plus_transfer_plus_first_decode_step() -> None:
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    prefill = instance("prefill-0", "prefill", link=Link(transfer))
+    decode = instance("decode-0", "decode")
+    sim = Simulation(router=RouterSettings(threshold=100), prefill=[prefill], decode=[decode])
+    [request] = sim.run([Arrival(at_s=1.0, prompt_tokens=500, output_tokens=3, cls="long")])
+
+    prefill_s = COST.step_time(500, chunk_attention(500, 0), 0, 0)
+    transfer_s = transfer.transfer_time(500)
+    first_decode_s = COST.step_time(0, 0, 1, 500)
+    assert request.path == "disaggregated"
+    assert request.prefill_start == 1.0  # no queue: an idle instance starts at once
+    assert request.prefill_end == pytest.approx(1.0 + prefill_s)
+    assert request.transfer_end - request.transfer_start == pytest.approx(transfer_s)
+    times = token_times(request)
+    assert times[0] - 1.0 == pytest.approx(prefill_s + transfer_s + first_decode_s)
+    assert times[1] - times[0] == pytest.approx(COST.step_time(0, 0, 1, 501))
+    assert len(times) == 3 and request.finish == times[-1]
+    assert prefill.kv_used == 0 and decode.kv_used == 0 and decode.running == 0 and decode.context == 0
+
+
+def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:
+    inst = instance("colocated-0", "colocated")
+    sim = Simulation(router=RouterSettings(), colocated=[inst])
+    a, b = sim.run([Arrival(0.0, 100, 3, "long"), Arrival(0.001, 50, 2, "short")])
+
+    step1 = COST.step_time(100, chunk_attention(100, 0), 0, 0)  # A's prefill alone: B has not arrived
+    step2 = COST.step_time(50, chunk_attention(50, 0), 1, 101)  # A decodes (context 101) while B prefills
+    step3 = COST.step_time(0, 0, 2, 102 + 51)  # both decode
+    assert list(token_times(a)) == pytest.approx([step1, step1 + step2, step1 + step2 + step3])
+    assert list(token_times(b)) == pytest.approx([step1 + step2, step1 + step2 + step3])
+    assert inst.running == 0 and inst.context == 0 and inst.kv_used == 0
+
+
+def test_chunked_prefill_budget_splits_a_long_prompt_and_keeps_decodes_running() -> None:
+    inst = instance("colocated-0", "colocated", budget=64)
+    sim = Simulation(router=RouterSettings(), colocated=[inst])
+    short, long = sim.run([Arrival(0.0, 10, 20, "short"), Arrival(0.0005, 200, 2, "long")])
+    gaps = [t2 - t1 for t1, t2 in zip(token_times(short)[:-1], token_times(short)[1:], strict=True)]
+    # With budget 64 and one decode, the 200-token prompt takes ceil(200/63) = 4 steps of at most 63 tokens.
+    assert inst.step_ends and max(gaps) <= COST.step_time(63, chunk_attention(63, 137), 1, 40) + 1e-12
+    assert token_times(long)[0] > token_times(short)[3]
+
+
+def test_kv_capacity_makes_requests_wait() -> None:
+    inst = Instance(name="colocated-0", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=150)
+    sim = Simulation(router=RouterSettings(), colocated=[inst])
+    a, b = sim.run([Arrival(0.0, 100, 10, "short"), Arrival(0.0, 100, 10, "short")])
+    assert token_times(b)[0] > a.finish  # b (110 tokens) fits only after a (110) leaves a 150-token cache
+    too_big = Simulation(router=RouterSettings(), colocated=[instance("c", "colocated")]).run(
+        [Arrival(0.0, 200_000, 1, "long")])[0]
+    assert too_big.failed is not None
+
+
+def spec(**overrides) -> SimSpec:
+    base = {"model": "Llama-3.1-8B", "hardware": "H100-SXM5-80GB", "pools": {"prefill": 1, "decode": 1},
+            "router": {"threshold": 1024},
+            "workload": {"poisson": {"rate_rps": 8, "num_requests": 300, "seed": 1}}}
+    base.update(overrides)
+    return SimSpec.model_validate(base)
+
+
+def test_threshold_zero_sends_everything_disaggregated() -> None:
+    summary, sim = simulate(spec(router={"threshold": 0}))
+    assert summary["paths"] == {"direct": 0, "disaggregated": 300}
+    assert all(path == "disaggregated" for _, path, _, _ in sim.decisions)
+
+
+def test_more_bandwidth_never_hurts_ttft() -> None:
+    ttfts = []
+    for gbps in (1, 10, 100, 1000):
+        summary, _ = simulate(spec(link={"name": "tcp-10gbe", "bandwidth_gbps": gbps}))
+        ttfts.append((summary["long"]["ttft_ms"]["p50"], summary["long"]["ttft_ms"]["p99"]))
+    for slower, faster in zip(ttfts, ttfts[1:], strict=False):
+        assert faster[0] <= slower[0] + 1e-9 and faster[1] <= slower[1] + 1e-9
+
+
+def test_layerwise_overlap_hides_transfer() -> None:
+    plain, _ = simulate(spec(link={"name": "tcp-10gbe"}))
+    overlapped, _ = simulate(spec(link={"name": "tcp-10gbe", "layerwise_overlap": True}))
+    assert overlapped["long"]["ttft_ms"]["p50"] < plain["long"]["ttft_ms"]["p50"]
+
+
+def test_colocated_prefills_stall_decodes_more_than_disaggregated() -> None:
+    """The lab's whole point, on a roofline H100: long prompts in the decode batch stretch short streams' gaps."""
+    workload = {"poisson": {"rate_rps": 6, "num_requests": 300, "long_fraction": 0.3, "long_prompt_tokens": 8000,
+                            "seed": 2}}
+    colocated, _ = simulate(spec(pools={"colocated": 2}, workload=workload))
+    disaggregated, _ = simulate(spec(pools={"prefill": 1, "decode": 1}, workload=workload))
+    assert disaggregated["short"]["itl_ms"]["max"] < colocated["short"]["itl_ms"]["max"]
+
+
+def test_roofline_step_time_grows_with_work() -> None:
+    catalog = load_catalog()
+    cost = RooflineCost(catalog.hardware["H200-SXM-141GB"], catalog.models["Llama-3.1-70B"], 2, 2)
+    assert cost.step_time(0, 0, 0, 0) == 0
+    assert cost.step_time(0, 0, 1, 100) < cost.step_time(0, 0, 64, 64 * 4000)
+    assert cost.step_time(512, chunk_attention(512, 0), 0, 0) < cost.step_time(8192, chunk_attention(8192, 0), 0, 0)
+
+
+def test_kv_capacity_from_memory_and_model_that_does_not_fit() -> None:
+    prepared = prepare(spec(model="Llama-3.1-70B", hardware="H200-SXM-141GB", engine={"tensor_parallel": 2}))
+    assert prepared.kv_capacity > 100_000
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        prepare(spec(model="Llama-3.1-70B", hardware="L40S"))
