@@ -68,7 +68,7 @@ def _kubectl(lab: Path, target: str, out: Path | None, dry_run: bool, action: st
     else:
         argv = kubectl.status_command(plan.cluster.namespace, plan.cluster.endpoint_name, chosen == "hyperpod")
     if dry_run:
-        console.print(f"# files rendered in {out_dir}; would run:")
+        print(f"# files rendered in {out_dir}; would run:")
         print(shlex.join(argv))
         return
     try:

@@ -18,7 +18,8 @@ def crd_schema(version: str = "v1", crd_path: Path | None = None) -> dict[str, A
     """The openAPIV3Schema of `version`, made strict: the API server prunes unknown fields silently, so a misspelt
     field would vanish on apply; here every object without `additionalProperties` (or preserve-unknown-fields)
     rejects keys it does not declare."""
-    crd = yaml.safe_load((crd_path or data_dir() / CRD_FILE).read_text())
+    # 450 kB of YAML: libyaml's loader reads it ten times faster than the pure-Python one.
+    crd = yaml.load((crd_path or data_dir() / CRD_FILE).read_text(), Loader=yaml.CSafeLoader)
     for entry in crd["spec"]["versions"]:
         if entry["name"] == version:
             return _strict(copy.deepcopy(entry["schema"]["openAPIV3Schema"]))
