@@ -73,12 +73,14 @@ def test_k8s_round_trip(lab: Path):
     p = plan_of(data)
     docs = {name: list(yaml.safe_load_all(text)) for name, text in render(p, "k8s").items()}
     for role in ("prefill", "decode"):
-        deployment, service = docs[f"{role}.yaml"]
+        service, statefulset = docs[f"{role}.yaml"]
         pool = data["cluster"][role]
-        assert deployment["kind"] == "Deployment" and service["kind"] == "Service"
-        assert deployment["spec"]["replicas"] == pool["replicas"]
-        assert deployment["metadata"]["namespace"] == data["cluster"]["namespace"]
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert statefulset["kind"] == "StatefulSet" and service["kind"] == "Service"
+        assert service["spec"]["clusterIP"] == "None"
+        assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+        assert statefulset["spec"]["replicas"] == pool["replicas"]
+        assert statefulset["metadata"]["namespace"] == data["cluster"]["namespace"]
+        container = statefulset["spec"]["template"]["spec"]["containers"][0]
         assert container["args"][0] == data["deployment"]["model"]["name"]
         args = container["args"]
         assert args[args.index("--tensor-parallel-size") + 1] == str(pool.get("tensor_parallel_size", pool["gpus"]))
@@ -86,18 +88,40 @@ def test_k8s_round_trip(lab: Path):
         assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == str(pool["efa_interfaces"])
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["FI_PROVIDER"] == "efa" and env["PYTHONHASHSEED"] == "0"
-        assert deployment["spec"]["template"]["spec"].get("nodeSelector", {}) == pool.get("node_selector", {})
-        assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+        assert statefulset["spec"]["template"]["spec"].get("nodeSelector", {}) == pool.get("node_selector", {})
+        assert service["spec"]["selector"] == statefulset["spec"]["template"]["metadata"]["labels"]
     lmcache = {name: yaml.safe_load(text) for name, text in docs["lmcache-config.yaml"][0]["data"].items()}
     assert lmcache["lmcache-prefill.yaml"]["pd_role"] == "sender"
     assert lmcache["lmcache-decode.yaml"]["pd_role"] == "receiver"
     assert {c["nixl_backends"][0] for c in lmcache.values()} == set(data["deployment"]["connector"]["nixl_backends"])
-    router_cm, router_dep, router_svc = docs["router.yaml"]
-    config = yaml.safe_load(router_cm["data"]["router.yaml"])
-    assert config["router"]["threshold"] == data["deployment"]["router"]["threshold"]
-    assert config["router"]["decode_strategy"] == data["deployment"]["router"]["decode_strategy"]
-    assert config["model"] == data["deployment"]["model"]["name"]
+    router_dep, router_svc = docs["router.yaml"]
+    router = router_options(router_dep["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert_router_matches(router, data)
+    namespace = data["cluster"]["namespace"]
+    for role in ("prefill", "decode"):
+        name = f"{data['cluster']['endpoint_name']}-{role}"
+        assert router[role] == [f"http://{name}-{i}.{name}.{namespace}.svc.cluster.local:8000"
+                                for i in range(data["cluster"][role]["replicas"])]
     assert router_svc["spec"]["selector"] == router_dep["spec"]["template"]["metadata"]["labels"]
+
+
+def router_options(argv: list[str]) -> dict[str, list[str]]:
+    """`pdlab router serve` options by name (repeated ones collected)."""
+    assert argv[:3] == ["pdlab", "router", "serve"]
+    out: dict[str, list[str]] = {}
+    for flag, value in zip(argv[3::2], argv[4::2], strict=True):
+        out.setdefault(flag.removeprefix("--"), []).append(value)
+    return out
+
+
+def assert_router_matches(router: dict[str, list[str]], data: dict) -> None:
+    spec = data["deployment"]["router"]
+    assert router["threshold"] == [str(spec["threshold"])]
+    assert router["prefill-strategy"] == [spec["prefill_strategy"]]
+    assert router["decode-strategy"] == [spec["decode_strategy"]]
+    assert router["model"] == [data["deployment"]["model"]["name"]]
+    assert len(router["prefill"]) == data["cluster"]["prefill"]["replicas"]
+    assert len(router["decode"]) == data["cluster"]["decode"]["replicas"]
 
 
 @pytest.mark.parametrize("lab", CLUSTER_LABS, ids=LAB_IDS)
@@ -124,9 +148,7 @@ def test_script_round_trip(lab: Path):
         assert argv[:3] == ["vllm", "serve", data["deployment"]["model"]["name"]]
         assert yaml.safe_load(files[f"lmcache-{role}.yaml"])["pd_role"] == ("sender" if role == "prefill" else
                                                                             "receiver")
-    config = yaml.safe_load(files["router-config.yaml"])
-    assert len(config["prefill"]) == data["cluster"]["prefill"]["replicas"]
-    assert len(config["decode"]) == data["cluster"]["decode"]["replicas"]
+    assert_router_matches(router_options(exec_argv(files["router.sh"])), data)
 
 
 def exec_argv(script: str) -> list[str]:
@@ -222,7 +244,7 @@ def test_s3_source_renders_for_hyperpod_only():
 def test_decode_ports_follow_tensor_parallel_ranks():
     p = plan_of(raw(ROOT / "labs" / "hyperpod-llama70b-2p2d.yaml"))
     assert p.decode.lmcache["pd_peer_init_port"] == list(range(7300, 7308))
-    ports = {port["containerPort"] for port in k8s.deployment(p, p.decode)["spec"]["template"]["spec"]
+    ports = {port["containerPort"] for port in k8s.statefulset(p, p.decode)["spec"]["template"]["spec"]
              ["containers"][0]["ports"]}
     assert set(range(7300, 7308)) | set(range(7400, 7408)) | {8000} == ports
 

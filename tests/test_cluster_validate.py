@@ -82,14 +82,13 @@ def test_k8s_manifests_are_valid_kubernetes_objects(lab: Path):
         for doc in yaml.safe_load_all(text):
             assert k8s_round_trip(doc) == doc, f"{name}: {doc['kind']} {doc['metadata']['name']}"
             kinds.append(doc["kind"])
-    assert sorted(kinds) == ["ConfigMap", "ConfigMap", "Deployment", "Deployment", "Deployment", "Service",
-                             "Service", "Service"]
+    assert sorted(kinds) == ["ConfigMap", "Deployment", "Service", "Service", "Service", "StatefulSet", "StatefulSet"]
 
 
 def test_k8s_check_catches_mistakes():
     from pydantic import ValidationError
 
-    doc = next(yaml.safe_load_all(rendered(CLUSTER_LABS[0], "k8s")["decode.yaml"]))
+    doc = list(yaml.safe_load_all(rendered(CLUSTER_LABS[0], "k8s")["decode.yaml"]))[1]  # the StatefulSet
     doc["spec"]["template"]["spec"]["containers"][0]["resource"] = {}  # misspelt: the model drops it
     assert k8s_round_trip(doc) != doc
     doc["spec"]["replicas"] = "two"
@@ -173,7 +172,7 @@ def vllm_command_lines(lab: Path) -> dict[str, list[str]]:
     """Every rendered `vllm serve` argv (after `vllm`), by where it came from."""
     out: dict[str, list[str]] = {}
     for doc in yaml.safe_load_all("---\n".join(rendered(lab, "k8s").values())):
-        if doc["kind"] == "Deployment" and doc["spec"]["template"]["spec"]["containers"][0]["name"] == "vllm":
+        if doc["kind"] == "StatefulSet":
             container = doc["spec"]["template"]["spec"]["containers"][0]
             out[f"k8s/{doc['metadata']['name']}"] = [*container["command"][1:], *container["args"]]
     for name, text in rendered(lab, "script").items():

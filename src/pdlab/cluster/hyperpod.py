@@ -8,9 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
-
 from pdlab.cluster.plan import HYPERPOD_MODEL_DIR, HYPERPOD_STRATEGY, ClusterPlan, RolePlan
+from pdlab.cluster.text import to_yaml
 from pdlab.config import ConfigError
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
@@ -109,4 +108,4 @@ def endpoint_config(plan: ClusterPlan, source: str = "spec") -> dict[str, Any]:
 
 
 def render(plan: ClusterPlan, source: str = "spec") -> dict[str, str]:
-    return {"inferenceendpointconfig.yaml": yaml.safe_dump(endpoint_config(plan, source), sort_keys=False, width=120)}
+    return {"inferenceendpointconfig.yaml": to_yaml(endpoint_config(plan, source))}

@@ -1,14 +1,16 @@
-"""Plain Kubernetes manifests (any EKS cluster with the NVIDIA and EFA device plugins): a prefill and a decode
-Deployment of `vllm serve` with LMCache over NIXL, headless Services so the router can address each replica,
-and the pdlab router in front."""
+"""Plain Kubernetes manifests (any EKS cluster with the NVIDIA and EFA device plugins): a prefill and a decode pool
+of `vllm serve` with LMCache over NIXL, and the pdlab router Deployment in front.
+
+The pools are StatefulSets behind headless Services rather than Deployments: each replica gets a stable DNS name
+(`<endpoint>-decode-0.<endpoint>-decode.<ns>.svc.cluster.local`), which the router needs to list replicas for its
+strategies and to tell LMCache's sender which decode replica receives the KV cache."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from pdlab.cluster.plan import LMCACHE_CONFIG_DIR, ROUTER_CONFIG_DIR, ClusterPlan, RolePlan, router_command
+from pdlab.cluster.plan import LMCACHE_CONFIG_DIR, ClusterPlan, RolePlan
+from pdlab.cluster.text import to_yaml, to_yaml_all
 
 APP_LABEL = "app.kubernetes.io/name"
 PART_LABEL = "app.kubernetes.io/component"
@@ -21,14 +23,14 @@ def manifests(plan: ClusterPlan) -> dict[str, list[dict[str, Any]]]:
     """Kubernetes objects by the file they are written to."""
     return {
         "lmcache-config.yaml": [lmcache_configmap(plan)],
-        "prefill.yaml": [deployment(plan, plan.prefill), service(plan, plan.prefill)],
-        "decode.yaml": [deployment(plan, plan.decode), service(plan, plan.decode)],
-        "router.yaml": [router_configmap(plan), router_deployment(plan), router_service(plan)],
+        "prefill.yaml": [service(plan, plan.prefill), statefulset(plan, plan.prefill)],
+        "decode.yaml": [service(plan, plan.decode), statefulset(plan, plan.decode)],
+        "router.yaml": [router_deployment(plan), router_service(plan)],
     }
 
 
 def render(plan: ClusterPlan) -> dict[str, str]:
-    return {name: yaml.safe_dump_all(docs, sort_keys=False, width=120) for name, docs in manifests(plan).items()}
+    return {name: to_yaml_all(docs) for name, docs in manifests(plan).items()}
 
 
 def _meta(plan: ClusterPlan, name: str, part: str) -> dict[str, Any]:
@@ -44,7 +46,7 @@ def lmcache_configmap(plan: ClusterPlan) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(plan, f"{plan.cluster.endpoint_name}-lmcache", "lmcache"),
-        "data": {role.lmcache_file: yaml.safe_dump(role.lmcache, sort_keys=False) for role in plan.roles},
+        "data": {role.lmcache_file: to_yaml(role.lmcache) for role in plan.roles},
     }
 
 
@@ -56,7 +58,7 @@ def _env(role: RolePlan, plan: ClusterPlan) -> list[dict[str, Any]]:
     return env
 
 
-def deployment(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
+def statefulset(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
     ports = [{"name": "http", "containerPort": role.port}]
     if role.role == "decode":
         # LMCache's receiver listens here (one port per GPU rank); senders connect straight to the pod.
@@ -95,10 +97,13 @@ def deployment(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
     labels = _labels(plan, role.role)
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "metadata": _meta(plan, role.name, role.role),
         "spec": {
+            "serviceName": role.name,
             "replicas": role.pool.replicas,
+            # Replicas are independent servers: start them all at once, not one after another.
+            "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
@@ -106,8 +111,7 @@ def deployment(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
 
 
 def service(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
-    # Headless: the name resolves to every ready pod, so the router picks the replica (its strategies) and can
-    # give the chosen decode pod's address to LMCache's sender.
+    # Headless: gives each StatefulSet pod its own DNS name.
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -120,28 +124,20 @@ def service(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
     }
 
 
-def router_config(plan: ClusterPlan) -> dict[str, Any]:
+TOKENIZER_DIR = "/tokenizer"
+
+
+def router_argv(plan: ClusterPlan) -> list[str]:
     port = plan.cluster.port
-    return plan.router_config(prefill_urls=[f"http://{plan.service_host(plan.prefill.name)}:{port}"],
-                              decode_urls=[f"http://{plan.service_host(plan.decode.name)}:{port}"])
-
-
-def router_configmap(plan: ClusterPlan) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _meta(plan, plan.router_name, "router"),
-        "data": {"router.yaml": yaml.safe_dump(router_config(plan), sort_keys=False)},
-    }
+    urls = {role.role: [f"http://{name}.{plan.service_host(role.name)}:{port}" for name in plan.replica_names(role)]
+            for role in plan.roles}
+    return plan.router_argv(prefill_urls=urls["prefill"], decode_urls=urls["decode"], tokenizer_dir=TOKENIZER_DIR)
 
 
 def _router_env(plan: ClusterPlan) -> list[dict[str, Any]]:
-    # The admin API stays closed unless the Secret exists; the tokenizer (for the threshold) comes from the Hub.
-    env: list[dict[str, Any]] = [{"name": "PDLAB_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
+    # The admin API stays closed unless this Secret exists.
+    return [{"name": "PDLAB_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
         "name": f"{plan.router_name}-admin", "key": "token", "optional": True}}}]
-    if secret := plan.cluster.model_source.hf_token_secret:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}})
-    return env
 
 
 def router_deployment(plan: ClusterPlan) -> dict[str, Any]:
@@ -151,12 +147,20 @@ def router_deployment(plan: ClusterPlan) -> dict[str, Any]:
     container = {
         "name": "router",
         "image": plan.cluster.images.router,
-        "command": router_command(plan, f"{ROUTER_CONFIG_DIR}/router.yaml"),
+        "command": router_argv(plan),
         "env": _router_env(plan),
         "ports": [{"name": "http", "containerPort": router.port}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
-        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": [{"name": "tokenizer", "mountPath": TOKENIZER_DIR, "readOnly": True}],
+    }
+    # The router counts prompt tokens with the model's own tokenizer; the vLLM image has huggingface_hub to fetch it.
+    fetch = {
+        "name": "tokenizer",
+        "image": plan.cluster.images.vllm,
+        "command": plan.tokenizer_download(TOKENIZER_DIR),
+        "env": [e for e in _env(plan.decode, plan) if e["name"] == "HF_TOKEN"],
+        "volumeMounts": [{"name": "tokenizer", "mountPath": TOKENIZER_DIR}],
     }
     return {
         "apiVersion": "apps/v1",
@@ -166,8 +170,9 @@ def router_deployment(plan: ClusterPlan) -> dict[str, Any]:
             "replicas": plan.cluster.router_replicas,
             "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": {
+                "initContainers": [fetch],
                 "containers": [container],
-                "volumes": [{"name": "config", "configMap": {"name": plan.router_name}}],
+                "volumes": [{"name": "tokenizer", "emptyDir": {}}],
             }},
         },
     }

@@ -27,8 +27,6 @@ HYPERPOD_STRATEGY: dict[Strategy, str | None] = {
 
 #: Where rendered LMCache configs are mounted in the vLLM containers.
 LMCACHE_CONFIG_DIR = "/etc/lmcache"
-#: Where the rendered router config is mounted in the router container.
-ROUTER_CONFIG_DIR = "/etc/pdlab"
 #: Where HyperPod's operator puts the model (its modelVolumeMount default).
 HYPERPOD_MODEL_DIR = "/opt/ml/model"
 
@@ -122,32 +120,35 @@ class ClusterPlan:
             args += ["--max-model-len", str(model.max_model_len)]
         return args
 
-    def router_config(self, prefill_urls: list[str], decode_urls: list[str]) -> dict[str, Any]:
-        """What the pdlab router reads in the cluster: its settings, the pools' URLs and the LMCache P/D
-        handshake ports it must put in each request's `disagg_spec`."""
+    def replica_names(self, role: RolePlan) -> list[str]:
+        """Stable names of a pool's replicas: StatefulSet pod names on Kubernetes, host names for the scripts."""
+        return [f"{role.name}-{i}" for i in range(role.pool.replicas)]
+
+    def router_argv(self, prefill_urls: list[str], decode_urls: list[str], tokenizer_dir: str) -> list[str]:
+        """`pdlab router serve` for the cluster: every replica's URL (the router's strategies choose among them),
+        the threshold and strategies from the lab, listening on every address (it is the endpoint)."""
         router = self.deployment.router
         assert router is not None  # checked in plan()
-        settings = router.model_dump(mode="json", exclude={"host", "port", "admin_token"})
-        return {
-            "model": self.model,
-            "connector": "lmcache",
-            "router": settings,
-            "prefill": prefill_urls,
-            "decode": decode_urls,
-            "lmcache": {
-                "peer_init_port": self.cluster.lmcache.peer_init_port,
-                "peer_alloc_port": self.cluster.lmcache.peer_alloc_port,
-                "decode_tensor_parallel_size": self.decode.pool.tp,
-            },
-        }
+        argv = ["pdlab", "router", "serve", "--model", self.model, "--tokenizer", tokenizer_dir]
+        for url in prefill_urls:
+            argv += ["--prefill", url]
+        for url in decode_urls:
+            argv += ["--decode", url]
+        if self.deployment.model.max_model_len is not None:
+            argv += ["--max-model-len", str(self.deployment.model.max_model_len)]
+        if self.decode.engine.block_size is not None:
+            argv += ["--block-size", str(self.decode.engine.block_size)]
+        argv += ["--threshold", str(router.threshold), "--prefill-strategy", router.prefill_strategy,
+                 "--decode-strategy", router.decode_strategy, "--fallback", router.fallback,
+                 "--max-in-flight", str(router.max_in_flight), "--upstream-timeout", str(router.upstream_timeout_s),
+                 "--session-header", router.session_header, "--host", "0.0.0.0", "--port", str(router.port)]
+        return argv
 
-
-def router_command(plan: ClusterPlan, config_path: str) -> list[str]:
-    """How the router starts in the cluster: listening on every address (it is the endpoint), reading the
-    rendered router config."""
-    router = plan.deployment.router
-    assert router is not None
-    return ["pdlab", "router", "serve", "--config", config_path, "--host", "0.0.0.0", "--port", str(router.port)]
+    def tokenizer_download(self, local_dir: str) -> list[str]:
+        """The router counts prompt tokens with the served model's tokenizer: fetch only its files."""
+        code = (f"import sys; from huggingface_hub import snapshot_download; snapshot_download({self.model!r}, "
+                "allow_patterns=['tokenizer*', 'config.json', '*.jinja'], local_dir=sys.argv[1])")
+        return ["python3", "-c", code, local_dir]
 
 
 def engine_flags(engine: EngineOptions) -> list[str]:

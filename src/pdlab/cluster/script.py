@@ -1,24 +1,20 @@
 """Shell scripts for GPU hosts without Kubernetes: one `vllm serve` per replica host, and the pdlab router.
 
 Hosts are named `<endpoint>-prefill-<i>` and `<endpoint>-decode-<i>`; make those names resolve (DNS or
-/etc/hosts) on the router host. Copy the rendered folder to every host and run the role's script there."""
+/etc/hosts) on every host. Copy the rendered folder to every host and run the role's script there."""
 
 from __future__ import annotations
 
 import shlex
 
-import yaml
-
-from pdlab.cluster.plan import ClusterPlan, RolePlan, router_command
+from pdlab.cluster.plan import ClusterPlan, RolePlan
+from pdlab.cluster.text import to_yaml
 
 HEADER = ("#!/usr/bin/env bash\n"
           "# Rendered by `pdlab cluster render --target script`; edit the lab spec, not this file.\n"
           "set -euo pipefail\nhere=\"$(cd \"$(dirname \"$0\")\" && pwd)\"\n")
-ROUTER_CONFIG = "router-config.yaml"
-
-
-def hosts(role: RolePlan) -> list[str]:
-    return [f"{role.name}-{i}" for i in range(role.pool.replicas)]
+#: Marks where the script's own folder goes in an argv, so it is written as "$here/..." rather than quoted away.
+HERE = "@HERE@"
 
 
 def command_lines(argv: list[str]) -> str:
@@ -32,11 +28,21 @@ def command_lines(argv: list[str]) -> str:
             last.append(arg)
         else:
             groups.append([arg])
-    return "exec " + " \\\n    ".join(" ".join(shlex.quote(a) for a in g) for g in groups) + "\n"
+    text = " \\\n    ".join(" ".join(_quote(a) for a in g) for g in groups)
+    return f"exec {text}\n"
+
+
+def _quote(arg: str) -> str:
+    if arg.startswith(HERE):
+        return '"$here' + arg[len(HERE):] + '"'
+    quoted = shlex.quote(arg)
+    if quoted != arg and "'" in arg and not set('"$`\\!') & set(arg):
+        return f'"{arg}"'  # Python code with quotes reads better in double quotes, and means the same here
+    return quoted
 
 
 def role_script(plan: ClusterPlan, role: RolePlan) -> str:
-    lines = [HEADER, f"# {role.role} replica: run on each of {', '.join(hosts(role))} "
+    lines = [HEADER, f"# {role.role} replica: run on each of {', '.join(plan.replica_names(role))} "
                      f"(GPUs: {role.pool.gpus}, EFA interfaces: {role.pool.efa_interfaces}).\n"]
     lines += [f"export {k}={shlex.quote(v)}\n" for k, v in role.env.items() if k != "LMCACHE_CONFIG_FILE"]
     lines.append(f"export LMCACHE_CONFIG_FILE=\"$here/{role.lmcache_file}\"\n")
@@ -46,21 +52,23 @@ def role_script(plan: ClusterPlan, role: RolePlan) -> str:
     return "".join(lines)
 
 
-def router_config(plan: ClusterPlan) -> dict:
-    port = plan.cluster.port
-    return plan.router_config(prefill_urls=[f"http://{h}:{port}" for h in hosts(plan.prefill)],
-                              decode_urls=[f"http://{h}:{port}" for h in hosts(plan.decode)])
-
-
 def router_script(plan: ClusterPlan) -> str:
-    return "".join([HEADER, "# The pdlab router: run on a host that reaches every replica (pip install pdlab).\n",
-                    command_lines(router_command(plan, f"$here/{ROUTER_CONFIG}")).replace(
-                        shlex.quote(f"$here/{ROUTER_CONFIG}"), f"\"$here/{ROUTER_CONFIG}\"")])
+    port = plan.cluster.port
+    urls = {role.role: [f"http://{name}:{port}" for name in plan.replica_names(role)] for role in plan.roles}
+    tokenizer = f"{HERE}/tokenizer"
+    fetch = " ".join(_quote(a) for a in plan.tokenizer_download(tokenizer))
+    return "".join([
+        HEADER, "# The pdlab router: run on a host that reaches every replica (pip install pdlab huggingface_hub).\n",
+        "# It counts prompt tokens with the model's tokenizer: fetch the tokenizer files once.\n",
+        f"[ -f \"$here/tokenizer/tokenizer.json\" ] || {fetch}\n",
+        command_lines(plan.router_argv(prefill_urls=urls["prefill"], decode_urls=urls["decode"],
+                                       tokenizer_dir=tokenizer)),
+    ])
 
 
 def render(plan: ClusterPlan) -> dict[str, str]:
     files = {"prefill.sh": role_script(plan, plan.prefill), "decode.sh": role_script(plan, plan.decode),
-             "router.sh": router_script(plan), ROUTER_CONFIG: yaml.safe_dump(router_config(plan), sort_keys=False)}
+             "router.sh": router_script(plan)}
     for role in plan.roles:
-        files[role.lmcache_file] = yaml.safe_dump(role.lmcache, sort_keys=False)
+        files[role.lmcache_file] = to_yaml(role.lmcache)
     return files
