@@ -83,6 +83,9 @@ def statefulset(plan: ClusterPlan, role: RolePlan) -> dict[str, Any]:
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
     }
+    if role.pool.efa_interfaces:
+        # libfabric registers (pins) GPU and host buffers with the EFA device, which needs locked memory.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [
