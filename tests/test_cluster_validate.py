@@ -59,6 +59,14 @@ def test_crd_check_catches_mistakes(crd_schema: dict):
         assert where in found
 
 
+def test_strategy_mapping_uses_the_crd_enum(crd_schema: dict):
+    from pdlab.cluster.plan import HYPERPOD_STRATEGY
+
+    routing = crd_schema["properties"]["spec"]["properties"]["intelligentRoutingSpec"]
+    enum = routing["properties"]["routingStrategy"]["enum"]
+    assert {v for v in HYPERPOD_STRATEGY.values() if v is not None} == set(enum)
+
+
 def test_crd_copy_keeps_its_origin():
     first = (ROOT / "data" / crd.CRD_FILE).read_text().splitlines()[0]
     assert first.startswith("# origin: aws/sagemaker-hyperpod-cli @ 011ca927")
