@@ -299,3 +299,25 @@ def test_cli_without_kubectl_says_how_to_get_it(tmp_path: Path):
 def test_cli_script_target_is_not_applied(tmp_path: Path):
     result = pdlab("cluster", "apply", str(BASE_LAB), "--target", "script", "--dry-run")
     assert result.returncode == 2 and "--target" in result.stderr
+
+
+@pytest.mark.parametrize("target", ["k8s", "script"])
+def test_router_argv_parses_with_the_router_cli(target: str):
+    """The rendered `pdlab router serve` line is parsed (not run) by the router's own command-line definition."""
+    import typer
+
+    from pdlab.router.cli import app as router_app
+
+    names = [c.name or c.callback.__name__ for c in router_app.registered_commands if c.callback]
+    if "serve" not in names:
+        pytest.skip("this checkout's pdlab.router has no `serve` command yet")
+    serve = typer.main.get_command(router_app).commands["serve"]
+    files = render(plan_of(raw(BASE_LAB)), target)
+    if target == "k8s":
+        argv = list(yaml.safe_load_all(files["router.yaml"]))[0]["spec"]["template"]["spec"]["containers"][0][
+            "command"]
+    else:
+        argv = exec_argv(files["router.sh"])
+    ctx = serve.make_context("serve", argv[3:])
+    assert ctx.params["threshold"] == raw(BASE_LAB)["deployment"]["router"]["threshold"]
+    assert ctx.params["decode"] and ctx.params["prefill"]
