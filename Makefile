@@ -8,7 +8,7 @@ STAMP := $(VENV)/.pdlab-installed
 MODELS ?= pdlab-small pdlab-tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup model test demo lab lint clean-venv
+.PHONY: setup model test demo lab lint clean-venv lmcache-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) lmcache-venv
 
 model: setup
 	$(BIN)/pdlab model make $(MODELS)
@@ -40,3 +40,17 @@ lint: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# --- cluster tier: LMCache's own config loader, to validate rendered LMCache configs (tests/test_cluster_validate.py).
+# A separate venv: lmcache's declared dependencies include a CUDA torch. Its config module needs only pyyaml and
+# requests, so it is installed --no-deps beside those two and never touches the main venv's CPU torch.
+LMCACHE_VENV ?= .venv-lmcache
+LMCACHE_VERSION := 0.5.6
+
+$(LMCACHE_VENV)/.installed:
+	$(PYTHON) -m venv $(LMCACHE_VENV)
+	$(LMCACHE_VENV)/bin/python -m pip install --quiet pyyaml requests
+	$(LMCACHE_VENV)/bin/python -m pip install --quiet --no-deps lmcache==$(LMCACHE_VERSION)
+	touch $@
+
+lmcache-venv: $(LMCACHE_VENV)/.installed

@@ -1,0 +1,269 @@
+"""A cluster plan: a lab spec checked for the cluster tier and resolved into per-role facts (vLLM arguments,
+environment, LMCache config, resources) that every render target shares, so HyperPod, Kubernetes and the host
+scripts can only differ in packaging, never in what vLLM and LMCache are told."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pdlab.config import ConfigError, DeploymentSpec, EngineOptions, LabSpec, load_lab
+from pdlab.config.cluster import ClusterSpec, PoolSpec
+from pdlab.config.router import Strategy
+
+PoolRole = Literal["prefill", "decode"]
+ROLES: tuple[PoolRole, PoolRole] = ("prefill", "decode")
+
+#: HyperPod's intelligentRoutingSpec.routingStrategy for each pdlab strategy; None: HyperPod has no equivalent.
+HYPERPOD_STRATEGY: dict[Strategy, str | None] = {
+    "roundrobin": "roundrobin",
+    "session": "session",
+    "prefixaware": "prefixaware",
+    "kvaware": "kvaware",
+    "leastloaded": None,
+}
+
+#: Where rendered LMCache configs are mounted in the vLLM containers.
+LMCACHE_CONFIG_DIR = "/etc/lmcache"
+#: Where HyperPod's operator puts the model (its modelVolumeMount default).
+HYPERPOD_MODEL_DIR = "/opt/ml/model"
+
+#: Environment EFA needs on every vLLM replica. libfabric's EFA provider carries NIXL's LIBFABRIC backend;
+#: PYTHONHASHSEED=0 makes prefix hashes (LMCache chunk keys, vLLM block hashes) equal across processes.
+EFA_ENV: dict[str, str] = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+}
+COMMON_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """Everything one pool's replicas are told."""
+
+    role: PoolRole
+    name: str
+    """Object name (`<endpoint>-prefill`)."""
+    pool: PoolSpec
+    engine: EngineOptions
+    kv_transfer_config: dict[str, Any]
+    lmcache: dict[str, Any]
+    """This role's LMCache config (written as YAML, read via LMCACHE_CONFIG_FILE)."""
+    env: dict[str, str]
+    port: int
+
+    @property
+    def lmcache_file(self) -> str:
+        return f"lmcache-{self.role}.yaml"
+
+    @property
+    def resources(self) -> dict[str, dict[str, str]]:
+        """Kubernetes resource requests and limits of one replica (extended resources need equal limits)."""
+        requests = {"cpu": self.pool.cpu, "memory": self.pool.memory, "nvidia.com/gpu": str(self.pool.gpus)}
+        limits = {"nvidia.com/gpu": str(self.pool.gpus)}
+        if self.pool.efa_interfaces:
+            requests["vpc.amazonaws.com/efa"] = limits["vpc.amazonaws.com/efa"] = str(self.pool.efa_interfaces)
+        return {"requests": requests, "limits": limits}
+
+    def vllm_args(self, model: str) -> list[str]:
+        """Arguments after `vllm serve`: the model, then the role's flags."""
+        return [model, *self.role_args]
+
+    @property
+    def engine_args(self) -> list[str]:
+        """The role's engine flags (parallelism, memory, the lab's engine options)."""
+        args = ["--tensor-parallel-size", str(self.pool.tp),
+                "--gpu-memory-utilization", str(self.pool.gpu_memory_utilization)]
+        return args + engine_flags(self.engine)
+
+    @property
+    def role_args(self) -> list[str]:
+        """The flags this role adds to `vllm serve MODEL`: engine flags, then the KV connector."""
+        return [*self.engine_args, "--kv-transfer-config", json.dumps(self.kv_transfer_config, separators=(",", ":"))]
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """A checked cluster lab, resolved for rendering."""
+
+    lab: LabSpec
+    deployment: DeploymentSpec
+    cluster: ClusterSpec
+    prefill: RolePlan
+    decode: RolePlan
+
+    @property
+    def model(self) -> str:
+        return self.deployment.model.name
+
+    @property
+    def roles(self) -> tuple[RolePlan, RolePlan]:
+        return (self.prefill, self.decode)
+
+    @property
+    def router_name(self) -> str:
+        return f"{self.cluster.endpoint_name}-router"
+
+    def service_host(self, name: str) -> str:
+        return f"{name}.{self.cluster.namespace}.svc.cluster.local"
+
+    def shared_args(self) -> list[str]:
+        """Flags every replica gets, whatever its role."""
+        model = self.deployment.model
+        args = ["--port", str(self.cluster.port), "--served-model-name", model.name]
+        if model.dtype != "auto":
+            args += ["--dtype", model.dtype]
+        if model.max_model_len is not None:
+            args += ["--max-model-len", str(model.max_model_len)]
+        return args
+
+    def replica_names(self, role: RolePlan) -> list[str]:
+        """Stable names of a pool's replicas: StatefulSet pod names on Kubernetes, host names for the scripts."""
+        return [f"{role.name}-{i}" for i in range(role.pool.replicas)]
+
+    def router_argv(self, prefill_urls: list[str], decode_urls: list[str], tokenizer_dir: str) -> list[str]:
+        """`pdlab router serve` for the cluster: every replica's URL (the router's strategies choose among them),
+        the threshold and strategies from the lab, listening on every address (it is the endpoint)."""
+        router = self.deployment.router
+        assert router is not None  # checked in plan()
+        argv = ["pdlab", "router", "serve", "--model", self.model, "--tokenizer", tokenizer_dir]
+        for url in prefill_urls:
+            argv += ["--prefill", url]
+        for url in decode_urls:
+            argv += ["--decode", url]
+        if self.deployment.model.max_model_len is not None:
+            argv += ["--max-model-len", str(self.deployment.model.max_model_len)]
+        if self.decode.engine.block_size is not None:
+            argv += ["--block-size", str(self.decode.engine.block_size)]
+        argv += ["--threshold", str(router.threshold), "--prefill-strategy", router.prefill_strategy,
+                 "--decode-strategy", router.decode_strategy, "--fallback", router.fallback,
+                 "--max-in-flight", str(router.max_in_flight), "--upstream-timeout", str(router.upstream_timeout_s),
+                 "--session-header", router.session_header, "--host", "0.0.0.0", "--port", str(router.port)]
+        return argv
+
+    def tokenizer_download(self, local_dir: str) -> list[str]:
+        """The router counts prompt tokens with the served model's tokenizer: fetch only its files."""
+        code = (f"import sys; from huggingface_hub import snapshot_download; snapshot_download({self.model!r}, "
+                "allow_patterns=['tokenizer*', 'config.json', '*.jinja'], local_dir=sys.argv[1])")
+        return ["python3", "-c", code, local_dir]
+
+
+def engine_flags(engine: EngineOptions) -> list[str]:
+    """`vllm serve` flags for the engine options a lab set (None leaves vLLM's default)."""
+    flags: list[str] = []
+    for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+        value = getattr(engine, name)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    if engine.enable_chunked_prefill is not None:
+        flags.append("--enable-chunked-prefill" if engine.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    flags.append("--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching")
+    if engine.enforce_eager:
+        flags.append("--enforce-eager")
+    return flags + list(engine.extra_args)
+
+
+def lmcache_config(role: PoolRole, cluster: ClusterSpec, backends: list[str]) -> dict[str, Any]:
+    """LMCache's P/D config for one role, in LMCache 0.5's key names (enable_pd, pd_role, transfer_channel)."""
+    lm = cluster.lmcache
+    config: dict[str, Any] = {
+        "chunk_size": lm.chunk_size,
+        # P/D moves KV straight from GPU to GPU; CPU offload is HyperPod's kvCacheSpec, not this buffer.
+        "local_cpu": False,
+        "max_local_cpu_size": 0,
+        "enable_pd": True,
+        "pd_role": "sender" if role == "prefill" else "receiver",
+        "pd_buffer_size": lm.sender_buffer_bytes if role == "prefill" else lm.receiver_buffer_bytes,
+        "pd_buffer_device": "cuda",
+        "transfer_channel": "nixl",
+        "nixl_backends": list(backends),
+        # P/D must ship the prompt's last partial chunk too (LMCache forces this on, with a warning).
+        "save_unfull_chunk": True,
+    }
+    if role == "prefill":
+        # The pdlab router sends decode's address in each request's disagg_spec and waits for the prefill
+        # response itself, so no ZMQ proxy notification is needed.
+        config["pd_skip_proxy_notification"] = True
+    else:
+        tp = cluster.decode.tp
+        config["pd_peer_host"] = "0.0.0.0"  # the receiver listens on every pod address
+        config["pd_peer_init_port"] = [lm.peer_init_port + rank for rank in range(tp)]
+        config["pd_peer_alloc_port"] = [lm.peer_alloc_port + rank for rank in range(tp)]
+    return config
+
+
+def kv_transfer_config(role: PoolRole) -> dict[str, Any]:
+    """vLLM's --kv-transfer-config for LMCacheConnectorV1 (prefill produces KV, decode consumes it)."""
+    return {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+        "kv_buffer_device": "cuda",
+        # P/D must ship the prompt's last partial chunk too, or decode recomputes it.
+        "kv_connector_extra_config": {"discard_partial_chunks": False},
+    }
+
+
+def check(lab: LabSpec, source: str = "spec") -> tuple[DeploymentSpec, ClusterSpec]:
+    """The cluster tier's cross-field rules; ConfigError names each bad field."""
+    problems: list[tuple[str, str]] = []
+    if lab.cluster is None:
+        raise ConfigError(source, [("cluster", "a cluster lab needs a `cluster:` section")])
+    if lab.deployment is None:
+        raise ConfigError(source, [("deployment", "a cluster lab needs a `deployment` (scenarios are local-only)")])
+    dep, cluster = lab.deployment, lab.cluster
+    for role in ROLES:
+        count = len(dep.by_role(role))
+        if count != 1:
+            where = "deployment.instances"
+            problems.append((where, f"needs exactly one `{role}` instance (the {role} pool's template), has {count}"))
+    if dep.by_role("colocated"):
+        problems.append(("deployment.instances", "`colocated` instances have no place in a P/D cluster"))
+    if dep.connector.kind != "lmcache":
+        problems.append(("deployment.connector.kind", f"the cluster tier moves KV with `lmcache`, not "
+                                                      f"`{dep.connector.kind}`"))
+    if dep.connector.buffer_device != "cuda":
+        problems.append(("deployment.connector.buffer_device", "GPU replicas stage KV on `cuda`"))
+    for role in ROLES:
+        pool: PoolSpec = getattr(cluster, role)
+        if pool.model is not None and pool.model != dep.model.name:
+            problems.append((f"cluster.{role}.model", f"{pool.model!r} differs from deployment.model.name "
+                                                      f"{dep.model.name!r}: one model across pools"))
+        if "LIBFABRIC" in dep.connector.nixl_backends and pool.efa_interfaces == 0:
+            problems.append((f"cluster.{role}.efa_interfaces", "NIXL's LIBFABRIC backend needs EFA interfaces (>= 1)"))
+    if dep.router is None:
+        problems.append(("deployment.router", "the cluster tier puts the pdlab router in front: give `router:`"))
+    if cluster.model_source.kind == "huggingface" and "/" not in dep.model.name:
+        problems.append(("deployment.model.name", f"{dep.model.name!r} is not a Hugging Face id (org/name)"))
+    if problems:
+        raise ConfigError(source, problems)
+    return dep, cluster
+
+
+def plan(lab: LabSpec, source: str = "spec") -> ClusterPlan:
+    """Check a cluster lab and resolve it into per-role facts."""
+    dep, cluster = check(lab, source)
+    roles = {}
+    for role in ROLES:
+        env = dict(COMMON_ENV)
+        if "LIBFABRIC" in dep.connector.nixl_backends:
+            env.update(EFA_ENV)
+        env["LMCACHE_CONFIG_FILE"] = f"{LMCACHE_CONFIG_DIR}/lmcache-{role}.yaml"
+        roles[role] = RolePlan(
+            role=role,
+            name=f"{cluster.endpoint_name}-{role}",
+            pool=getattr(cluster, role),
+            engine=dep.by_role(role)[0].engine,
+            kv_transfer_config=kv_transfer_config(role),
+            lmcache=lmcache_config(role, cluster, list(dep.connector.nixl_backends)),
+            env=env,
+            port=cluster.port,
+        )
+    return ClusterPlan(lab=lab, deployment=dep, cluster=cluster, prefill=roles["prefill"], decode=roles["decode"])
+
+
+def load_plan(path: str | Path) -> ClusterPlan:
+    """Load a cluster lab spec (labs/hyperpod-*.yaml) and plan it."""
+    return plan(load_lab(path), source=str(path))
