@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP) lmcache-venv
+setup: $(STAMP) $(LMCACHE_VENV)/.installed
 
 model: setup
 	$(BIN)/pdlab model make $(MODELS)
