@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pdlab-installed
 MODELS ?= pdlab-small pdlab-tiny
 PYTEST_ARGS ?=
+LMCACHE_VENV ?= .venv-lmcache
+LMCACHE_VERSION := 0.5.6
 
 .PHONY: setup model test demo lab lint clean-venv lmcache-venv
 
@@ -44,9 +46,6 @@ clean-venv:
 # --- cluster tier: LMCache's own config loader, to validate rendered LMCache configs (tests/test_cluster_validate.py).
 # A separate venv: lmcache's declared dependencies include a CUDA torch. Its config module needs only pyyaml and
 # requests, so it is installed --no-deps beside those two and never touches the main venv's CPU torch.
-LMCACHE_VENV ?= .venv-lmcache
-LMCACHE_VERSION := 0.5.6
-
 $(LMCACHE_VENV)/.installed:
 	$(PYTHON) -m venv $(LMCACHE_VENV)
 	$(LMCACHE_VENV)/bin/python -m pip install --quiet pyyaml requests
