@@ -2,6 +2,58 @@
 
 from __future__ import annotations
 
+import json
+from typing import Optional
+
 import typer
+from rich.console import Console
+
+from pdlab.config import ConfigError, LinkSpec, validate
+from pdlab.netlab.iproute import NetLabUnavailable, unavailable_reason
 
 app = typer.Typer(help="Network namespaces and shaped links for two-node labs.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+def _require_netlab() -> None:
+    if reason := unavailable_reason():
+        console.print(f"[red]error:[/red] {reason}")
+        raise typer.Exit(code=2)
+
+
+@app.command("check")
+def check_command(
+    preset: str = typer.Option("10gbe", help="Link preset: efa-p5, 100gbe, 10gbe or 1gbe (scaled to pdlab-small)."),
+    mbps: Optional[float] = typer.Option(None, help="Shape to this many Mbit/s instead of the preset."),  # noqa: UP007
+    nbytes: int = typer.Option(20_000_000, "--bytes", min=1, help="Bytes to move from the prefill to the decode node."),
+) -> None:
+    """Make a prefill and a decode node, move --bytes across the shaped link, tear down; print JSON with
+    shaped_mbps, measured_mbps and leftovers (namespaces, links, qdiscs still present afterwards)."""
+    from pdlab.netlab.check import check
+
+    try:
+        link = validate(LinkSpec, {"preset": preset, "mbps": mbps}, source="netlab check options")
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    _require_netlab()
+    try:
+        with console.status(f"moving {nbytes:,} bytes across the shaped link ..."):
+            result = check(link, nbytes)
+    except NetLabUnavailable as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    print(json.dumps(result, indent=2))
+    if any(result["leftovers"].values()):
+        console.print("[red]error:[/red] teardown left something behind (see leftovers)")
+        raise typer.Exit(code=1)
+
+
+@app.command("cleanup")
+def cleanup_command() -> None:
+    """Remove namespaces, interfaces and qdiscs left by netlab runs that are no longer alive."""
+    from pdlab.netlab.topology import cleanup_stale, leftovers
+
+    _require_netlab()
+    removed = cleanup_stale()
+    print(json.dumps({"removed_runs": removed, "still_present": leftovers()}, indent=2))
