@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+import signal
+import sys
 
 import typer
 from rich.console import Console
@@ -24,8 +25,9 @@ def _require_netlab() -> None:
 @app.command("check")
 def check_command(
     preset: str = typer.Option("10gbe", help="Link preset: efa-p5, 100gbe, 10gbe or 1gbe (scaled to pdlab-small)."),
-    mbps: Optional[float] = typer.Option(None, help="Shape to this many Mbit/s instead of the preset."),  # noqa: UP007
+    mbps: float | None = typer.Option(None, help="Shape to this many Mbit/s instead of the preset."),
     nbytes: int = typer.Option(20_000_000, "--bytes", min=1, help="Bytes to move from the prefill to the decode node."),
+    run_id: str | None = typer.Option(None, help="Name the run (1-10 lowercase letters or digits); default random."),
 ) -> None:
     """Make a prefill and a decode node, move --bytes across the shaped link, tear down; print JSON with
     shaped_mbps, measured_mbps and leftovers (namespaces, links, qdiscs still present afterwards)."""
@@ -37,10 +39,12 @@ def check_command(
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     _require_netlab()
+    # SIGTERM unwinds like Ctrl-C, so the namespaces are removed on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         with console.status(f"moving {nbytes:,} bytes across the shaped link ..."):
-            result = check(link, nbytes)
-    except NetLabUnavailable as error:
+            result = check(link, nbytes, run_id=run_id)
+    except (NetLabUnavailable, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     print(json.dumps(result, indent=2))

@@ -90,10 +90,13 @@ def main() -> None:
     snd.add_argument("--bytes", type=int, required=True)
     snd.add_argument("--bind", default=None, help="source address (the sending node's)")
     args = parser.parse_args()
-    if args.command == "recv":
-        receive(args.host)
-    else:
-        send(args.host, args.port, args.bytes, args.bind)
+    try:
+        if args.command == "recv":
+            receive(args.host)
+        else:
+            send(args.host, args.port, args.bytes, args.bind)
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C reaches the whole process group; the parent reports it
 
 
 if __name__ == "__main__":

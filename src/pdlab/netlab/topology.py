@@ -27,11 +27,11 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
-from pdlab.config import LinkSpec, ModelRef, NodeSpec
+from pdlab.config import DeploymentSpec, LinkSpec, ModelRef, NodeSpec
 from pdlab.netlab import iproute
 from pdlab.netlab.presets import ShapedRate, burst_bytes, shaped_rate
 
@@ -118,10 +118,8 @@ def _stop_processes(netns: str, grace_s: float = 5.0) -> None:
     pids = iproute.namespace_pids(netns)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -309,3 +307,16 @@ class NetLab:
         if name not in self.nodes:
             raise KeyError(f"no node {name!r} in this netlab; nodes: {self.nodes}")
         return name
+
+
+def for_deployment(spec: DeploymentSpec, run_id: str | None = None) -> NetLab | None:
+    """The NetLab a deployment asks for (enter it before starting instances), or None when it has no `nodes`,
+    or when netlab cannot run here and `link.fallback_to_loopback` allows the loopback deployment instead (the
+    caller should say so, with `unavailable_reason()`). Raises NetLabUnavailable otherwise."""
+    if not spec.nodes:
+        return None
+    if reason := iproute.unavailable_reason():
+        if spec.link.fallback_to_loopback:
+            return None
+        raise iproute.NetLabUnavailable(f"{reason} (or set link.fallback_to_loopback: true to run on loopback)")
+    return NetLab(spec.nodes, spec.link, run_id=run_id, model=spec.model)
