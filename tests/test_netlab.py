@@ -201,10 +201,13 @@ def test_second_run_after_sigkill_starts_clean(tmp_path):
         import subprocess, time
         from pdlab.config import LinkSpec, NodeSpec
         from pdlab.netlab import NetLab
+        from pdlab.netlab.iproute import namespace_pids
         lab = NetLab([NodeSpec(name="prefill"), NodeSpec(name="decode")], LinkSpec(mbps=100), run_id="{run_id}")
         lab.__enter__()
         # an instance that outlives its launcher
         subprocess.Popen(lab.exec_prefix("decode") + ["sleep", "600"], start_new_session=True)
+        while not namespace_pids(lab.netns("decode")):
+            time.sleep(0.01)
         print("ready", flush=True)
         time.sleep(600)
     """)
