@@ -268,3 +268,16 @@ def test_check_interrupted_mid_transfer_tears_down(sig):
             os.killpg(check.pid, signal.SIGKILL)
             check.wait()
     assert nothing_left(run_id)
+
+
+def test_two_nodes_link_lab_validates_and_orders_its_links():
+    from pdlab.config import load_lab
+
+    lab = load_lab(Path(__file__).resolve().parents[1] / "labs" / "two-nodes-link.yaml")
+    linked = {name: spec for name, spec in lab.scenarios.items() if spec.nodes}
+    assert len(linked) == 4
+    rates = [shaped_rate(spec.link, spec.model).mbps for spec in linked.values()]
+    assert rates == sorted(rates, reverse=True) and len(set(rates)) == 4
+    for spec in linked.values():
+        assert all(inst.node for inst in spec.instances)
+        assert link_only_tls(spec.connector.ucx_tls) == spec.connector.ucx_tls  # nothing bypasses the link
