@@ -199,7 +199,6 @@ class NetLab:
         self.rate: ShapedRate = shaped_rate(link, model)
         self.burst_bytes = burst_bytes(link, self.rate.mbps)
         self.subnet: ipaddress.IPv4Network | None = None
-        self._lock: IO[str] | None = None
         self._lock_cm: AbstractContextManager[IO[str] | None] | None = None
 
     # -- what the deploy launcher uses ------------------------------------------------------------------------
@@ -246,15 +245,20 @@ class NetLab:
     def __enter__(self) -> NetLab:
         iproute.preflight()
         cleanup_stale()
-        self._lock_cm = _flock(_run_lock_path(self.run_id), blocking=False)
-        self._lock = self._lock_cm.__enter__()
-        if self._lock is None:
-            self._lock_cm = None
+        lock_cm = _flock(_run_lock_path(self.run_id), blocking=False)
+        if lock_cm.__enter__() is None:
+            lock_cm.__exit__(None, None, None)
             raise RuntimeError(f"netlab run {self.run_id!r} is in use by a live process")
+        self._lock_cm = lock_cm
         try:
             with _creation_lock():
                 self.subnet = _free_subnet()
                 self._create()
+        except iproute.IprouteError as error:
+            self.teardown()
+            if "Operation not permitted" in str(error):  # root without CAP_SYS_ADMIN/CAP_NET_ADMIN (a container)
+                raise iproute.NetLabUnavailable(f"pdlab netlab cannot make namespaces here: {error}") from None
+            raise
         except BaseException:
             self.teardown()
             raise
@@ -269,7 +273,7 @@ class NetLab:
         _remove_run(self.run_id)
         if self._lock_cm is not None:
             self._lock_cm.__exit__(None, None, None)
-            self._lock_cm = self._lock = None
+            self._lock_cm = None
 
     def _create(self) -> None:
         assert self.subnet is not None
