@@ -28,6 +28,8 @@ def check_command(
     mbps: float | None = typer.Option(None, help="Shape to this many Mbit/s instead of the preset."),
     nbytes: int = typer.Option(20_000_000, "--bytes", min=1, help="Bytes to move from the prefill to the decode node."),
     run_id: str | None = typer.Option(None, help="Name the run (1-10 lowercase letters or digits); default random."),
+    mover: str = typer.Option("tcp", help="tcp: Python sockets (the link's own rate); nixl: a NIXL/UCX READ, the "
+                              "way vLLM moves a KV cache."),
 ) -> None:
     """Make a prefill and a decode node, move --bytes across the shaped link, tear down; print JSON with
     shaped_mbps, measured_mbps and leftovers (namespaces, links, qdiscs still present afterwards)."""
@@ -38,12 +40,15 @@ def check_command(
     except ConfigError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
+    if mover not in ("tcp", "nixl"):
+        console.print(f"[red]error:[/red] --mover: use tcp or nixl, not {mover!r}")
+        raise typer.Exit(code=2)
     _require_netlab()
     # SIGTERM unwinds like Ctrl-C, so the namespaces are removed on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         with console.status(f"moving {nbytes:,} bytes across the shaped link ..."):
-            result = check(link, nbytes, run_id=run_id)
+            result = check(link, nbytes, run_id=run_id, how=mover)
     except (NetLabUnavailable, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
