@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from pdlab.config import ConfigError, LinkSpec, validate
-from pdlab.netlab.iproute import NetLabUnavailable, unavailable_reason
+from pdlab.netlab.iproute import IprouteError, NetLabUnavailable, unavailable_reason
 
 app = typer.Typer(help="Network namespaces and shaped links for two-node labs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -52,6 +52,9 @@ def check_command(
     except (NetLabUnavailable, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
+    except IprouteError as error:  # e.g. a kernel without tbf; everything made was removed on the way out
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
     print(json.dumps(result, indent=2))
     if any(result["leftovers"].values()):
         console.print("[red]error:[/red] teardown left something behind (see leftovers)")
