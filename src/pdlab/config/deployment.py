@@ -99,6 +99,24 @@ class NodeSpec(Spec):
     """Node name, referenced by instances' `node`."""
 
 
+LinkPreset = Literal["efa-p5", "100gbe", "10gbe", "1gbe"]
+"""Real links pdlab.netlab scales down to the local model's KV sizes (see docs/netlab.md)."""
+
+
+class LinkSpec(Spec):
+    """The shaped link between a deployment's nodes (pdlab.netlab). Bandwidth only: latency is not modelled."""
+
+    preset: LinkPreset = "10gbe"
+    """A real link, scaled down by the ratio of the served model's KV bytes per token to a 70B model's, so KV
+    transfer time per token of context matches the real link's."""
+    mbps: float | None = Field(default=None, gt=0, le=100_000)
+    """Shape to exactly this many Mbit/s instead of the preset's scaled rate."""
+    burst_kib: int | None = Field(default=None, ge=16, le=65536)
+    """Token-bucket burst in KiB; None picks max(64 KiB, 2 ms at the shaped rate)."""
+    fallback_to_loopback: bool = False
+    """Without root or without `ip`/`tc`, run the deployment on loopback instead of failing (no shaped link)."""
+
+
 class DeploymentSpec(Spec):
     """A whole serving deployment: model, instances, connector and (optionally) the router in front."""
 
@@ -114,6 +132,8 @@ class DeploymentSpec(Spec):
     """The pdlab router in front of the instances; None serves instances directly."""
     nodes: list[NodeSpec] = []
     """Optional network nodes for a two-node deployment on one machine (pdlab.netlab)."""
+    link: LinkSpec = Field(default_factory=LinkSpec)
+    """The shaped link joining the nodes; used only when `nodes` is set."""
 
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentSpec:
