@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pdlab import model
+from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.deploy import state
-from pdlab.deploy.plan import PlanError, check_ports_free, plan_deployment, served_model_name
+from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess
 from pdlab.settings import DEFAULT_STARTUP_TIMEOUT_S, runs_dir
 
@@ -80,6 +80,7 @@ class Deployment:
         self.started_s: float | None = None
         self._guard: ManagedProcess | None = None
         self._owned = True
+        self.netlab: netlab.NetLab | None = None
         self._groups_file = self.run_dir / "process-groups"
 
     @classmethod
@@ -141,19 +142,28 @@ class Deployment:
         if self.detached and (existing := state.load(self.spec.name)) is not None and state.any_alive(existing):
             raise DeployError(f"a deployment named {self.spec.name!r} is already up (see `pdlab status`); "
                               f"stop it with `pdlab down {self.spec.name}` first")
+        if self.detached and self.spec.nodes:
+            raise DeployError("a two-node deployment (`nodes`) lives only as long as its owner: use "
+                              "`pdlab up --foreground` or the Python API")
         try:
             self.model_dir = model.resolve(self.spec.model.name)
-            plans = plan_deployment(self.spec, self.model_dir)
-            router_port = [("router", self.spec.router.host, self.spec.router.port)] if self.spec.router else []
-            check_ports_free(plans, router_port)
-        except (model.ModelError, PlanError) as error:
+            self.netlab = netlab.for_deployment(self.spec)
+            if self.netlab is not None:
+                self.netlab.__enter__()
+            plans = self._plan()
+        except (model.ModelError, PlanError, netlab.NetLabUnavailable) as error:
+            self._teardown_netlab()
             raise DeployError(str(error)) from None
+        except BaseException:
+            self._teardown_netlab()
+            raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "deployment.json").write_text(json.dumps(
             {"spec": self.spec.model_dump(mode="json"), "model_dir": self.model_dir,
              "instances": [{"name": p.name, "url": p.url, "port": p.spec.port,
                             "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv}
-                           for p in plans]}, indent=2))
+                           for p in plans],
+             "netlab": self.netlab.describe() if self.netlab else None}, indent=2))
         start = time.monotonic()
         try:
             if not self.detached:
@@ -171,6 +181,31 @@ class Deployment:
             raise
         return self
 
+    def _plan(self) -> list[InstancePlan]:
+        """Plan the processes; on a two-node deployment, put each instance on its node's address and inside its
+        namespace, with UCX restricted to the node's link (shared memory would bypass it)."""
+        spec = self.spec
+        if self.netlab is not None:
+            lab = self.netlab
+            spec = spec.model_copy(update={"instances": [
+                inst.model_copy(update={"host": lab.address(inst.node)}) if inst.node else inst
+                for inst in spec.instances]})
+        plans = plan_deployment(spec, self.model_dir)
+        loopback = [p for p in plans if p.spec.node is None or self.netlab is None]
+        router_port = [("router", spec.router.host, spec.router.port)] if spec.router else []
+        check_ports_free(loopback, router_port)  # a node's ports live in its own namespace
+        if self.netlab is not None:
+            for plan in plans:
+                if plan.spec.node:
+                    plan.argv = self.netlab.exec_prefix(plan.spec.node) + plan.argv
+                    plan.env.update(self.netlab.env(plan.spec.node, spec.connector.ucx_tls))
+        return plans
+
+    def _teardown_netlab(self) -> None:
+        if self.netlab is not None:
+            self.netlab.teardown()
+            self.netlab = None
+
     def stop(self) -> None:
         """Stop the router and every instance (all their processes), then the guard. An attached deployment
         (see `attach`) is left running."""
@@ -183,6 +218,7 @@ class Deployment:
         if self._guard is not None:
             self._guard.stop(timeout_s=5)
             self._guard = None
+        self._teardown_netlab()
         if self.detached:
             state.remove(self.spec.name)
 
