@@ -14,7 +14,14 @@ from pdlab.config.deployment import (
 )
 from pdlab.config.lab import LabSpec, load_lab
 from pdlab.config.router import FallbackPolicy, RouterSettings, RouterSpec, Strategy
-from pdlab.config.workload import WorkloadSpec
+from pdlab.config.workload import (
+    MixedWorkload,
+    ProbeSpec,
+    ProbeWorkload,
+    TraceWorkload,
+    WorkloadSpec,
+    parse_workload,
+)
 
 __all__ = [
     "ClusterSpec",
@@ -25,15 +32,20 @@ __all__ = [
     "FallbackPolicy",
     "InstanceSpec",
     "LabSpec",
+    "MixedWorkload",
     "ModelRef",
     "NodeSpec",
+    "ProbeSpec",
+    "ProbeWorkload",
     "Role",
     "RouterSettings",
     "RouterSpec",
     "Spec",
     "Strategy",
+    "TraceWorkload",
     "WorkloadSpec",
     "load_lab",
     "load_yaml",
+    "parse_workload",
     "validate",
 ]
