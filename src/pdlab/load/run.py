@@ -64,7 +64,8 @@ def run_load(base_url: str, schedule_path: str | Path, out_dir: str | Path, mode
     rows_path, prefix, log_path = out_dir / "rows.csv", out_dir / "locust", out_dir / "locust.log"
     limit_s = int(schedule_span(schedule) + timeout_s + 30)
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-               "-u", str(users), "-r", str(max(users, 1)), "-t", f"{limit_s}s", "--stop-timeout", "0",
+               # -r: spawn every user at once (locust spreads a spawn over 1 s at rate -r)
+               "-u", str(users), "-r", str(users * 1000), "-t", f"{limit_s}s", "--stop-timeout", "0",
                "--host", base_url.rstrip("/"), "--csv", str(prefix), "--csv-full-history",
                "--exit-code-on-error", "0", "--loglevel", "WARNING",
                "--pdlab-schedule", str(schedule_path), "--pdlab-rows", str(rows_path),
