@@ -85,6 +85,10 @@ def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
                                 "scheduled_s": 0.0, "late_s": 0.0, "start_time": 0.0, "cls": "short",
                                 "server_request_id": ""}
     for column in COLUMNS:
-        if column not in frame:
-            frame[column] = defaults.get(column, float("nan")) if column != "token_times" else [[]] * len(frame)
+        if column == "token_times":
+            frame[column] = [list(t) if isinstance(t, list) else [] for t in frame.get(column, [None] * len(frame))]
+        elif column not in frame:
+            frame[column] = defaults.get(column, float("nan"))
+        elif column in defaults:
+            frame[column] = frame[column].fillna(defaults[column])
     return frame[list(COLUMNS) + [c for c in frame.columns if c not in COLUMNS]]
