@@ -127,3 +127,11 @@ def test_build_summary_has_scenarios_and_baseline():
     assert set(summary["scenarios"]) == {"colocated", "disaggregated"}
     assert "long" not in summary["baseline"]
     assert summary["baseline"]["short"]["itl_ms"]["count"] == 6
+
+
+def test_summary_of_a_run_where_nothing_completed():
+    rows = rows_frame([{"token_times": [0.1], "status": "incomplete"}, {"token_times": [], "status": "timeout"}])
+    summary = scenario_summary(rows, scheduled=2)
+    assert summary["stalls"]["count"] == 0
+    assert summary["short"]["itl_ms"]["p99"] is None
+    assert (summary["requests"]["sent"], summary["requests"]["failed"]) == (2, 2)

@@ -21,6 +21,7 @@ import gevent
 from gevent.event import Event
 from locust import HttpUser, events, task
 from locust.exception import StopUser
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from pdlab.load.rows import RowWriter
 from pdlab.load.schedule import ScheduledRequest, read_schedule
@@ -75,6 +76,9 @@ def _on_init(environment: Any, **_: Any) -> None:
 
     def quit_when_done() -> None:
         feed.all_done.wait()
+        # locust rewrites its CSV files once per CSV_STATS_INTERVAL_SEC and not at exit: wait one more
+        # interval so the CSVs hold the final statistics.
+        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
         if environment.runner is not None:
             environment.runner.quit()
 

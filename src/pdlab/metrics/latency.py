@@ -77,7 +77,9 @@ def gaps(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K) -> pd.DataFrame:
                         "t0_s": row["start_s"] + times[i], "t1_s": row["start_s"] + times[i + 1],
                         "gap_s": float(gap), "median_s": median, "stall": bool(gap > stall_k * median)})
     columns = ["request_id", "cls", "path", "index", "t0_s", "t1_s", "gap_s", "median_s", "stall"]
-    return pd.DataFrame(out, columns=columns)
+    # explicit dtypes: an empty frame's `stall` must still be a boolean mask, not a column selector
+    return pd.DataFrame(out, columns=columns).astype({"index": int, "t0_s": float, "t1_s": float, "gap_s": float,
+                                                       "median_s": float, "stall": bool})
 
 
 def itl_values(rows: pd.DataFrame, cls: str | None = None) -> np.ndarray:
