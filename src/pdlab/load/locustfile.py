@@ -85,7 +85,7 @@ def _on_init(environment: Any, **_: Any) -> None:
     gevent.spawn(quit_when_done)
 
 
-@events.quitting.add_listener
+@events.quit.add_listener  # not `quitting`: that fires before the users are stopped and write their last rows
 def _on_quit(**_: Any) -> None:
     feed = getattr(ScheduledUser, "feed", None)
     if feed is not None:
