@@ -18,9 +18,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-#: A gap counts as a stall when it exceeds this many times its request's median gap. 5 keeps ordinary
-#: batching jitter (gaps up to 2-3x the median when a new request joins the batch) out, and catches a
-#: prefill of a few hundred tokens or more stealing the decode step.
+#: A gap counts as a stall when it exceeds this many times its request's median gap: big enough that ordinary
+#: step-to-step variation is not a stall, small enough that a prefill taking several decode steps' time is.
 DEFAULT_STALL_K = 5.0
 
 #: Percentiles every summary reports.
