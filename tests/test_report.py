@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from test_metrics import timeline
 
 from pdlab.report import itl_cdf_figure, sweep_figure, timeline_figure, ttft_by_class_figure
+from test_metrics import timeline
 
 
 def test_timeline_marks_ttft_tokens_stalls_failures_and_long_prefills():

@@ -16,6 +16,10 @@ from pdlab.load.prompts import PromptBuilder, seeded_rng
 
 Workload = MixedWorkload | TraceWorkload | ProbeWorkload
 
+#: Most locust users `users_for` picks: past this many requests in flight, a 2-core machine is saturated anyway,
+#: and `late_s` in the rows shows any arrival that had to wait.
+MAX_DEFAULT_USERS = 256
+
 #: Request classes. `short`/`long` split the main load; `probe` marks the steady tiny requests.
 CLASSES = ("short", "long", "probe")
 
@@ -188,7 +192,7 @@ def schedule_span(items: list[ScheduledRequest]) -> float:
 
 def users_for(items: list[ScheduledRequest], timeout_s: float) -> int:
     """Locust users enough that no arrival waits for a free user: the most requests whose send windows
-    [offset, offset + timeout] overlap, capped at the request count (a request cannot outlive its timeout)."""
+    [offset, offset + timeout] overlap (a request cannot outlive its timeout), at most MAX_DEFAULT_USERS."""
     if not items:
         return 1
     events = sorted([(i.offset_s, 1) for i in items] + [(i.offset_s + timeout_s, -1) for i in items],
@@ -197,4 +201,4 @@ def users_for(items: list[ScheduledRequest], timeout_s: float) -> int:
     for _, step in events:
         running += step
         peak = max(peak, running)
-    return max(1, min(len(items), math.ceil(peak)))
+    return max(1, min(MAX_DEFAULT_USERS, math.ceil(peak)))
