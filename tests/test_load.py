@@ -91,3 +91,11 @@ def test_a_blocking_prefill_shows_as_stalls_in_short_streams(builder, tmp_path):
     during = gaps_during_prefills(rows)
     assert set(during["request_id"]) == {"r00000", "r00001", "r00002"}
     assert during["stall"].any()
+
+
+def test_an_empty_schedule_finishes_with_no_rows(tmp_path):
+    schedule = write_schedule([], tmp_path / "schedule.jsonl")
+    with standin(next(PORTS)) as url:
+        result = run_load(url, schedule, tmp_path, "pdlab-standin", progress=False)
+    assert (result.scheduled, result.recorded, result.interrupted) == (0, 0, False)
+    assert read_rows(result.rows_path).empty

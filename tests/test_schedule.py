@@ -102,3 +102,10 @@ def test_trace_replay_scales_and_shares_prefixes(builder, tmp_path):
     assert [i.shared_prefix_tokens for i in items] == [0, 512, 0]
     assert [i.prefix_id for i in items] == ["1", "1", "5"]
     assert len(third) == 300
+
+
+def test_probe_only_workload(builder):
+    items = build_schedule(parse_workload({"kind": "probe", "rate": 4, "duration_s": 2, "prompt_tokens": 12,
+                                           "output_tokens": 3}), builder)
+    assert [i.offset_s for i in items] == pytest.approx([0.25 * n for n in range(8)])
+    assert {(i.cls, i.prompt_tokens, i.max_tokens) for i in items} == {("probe", 12, 3)}

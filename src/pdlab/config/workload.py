@@ -47,7 +47,7 @@ class _WorkloadBase(Spec):
     users: int | None = Field(default=None, ge=1)
     """Locust users (concurrent senders). Default: enough that an arrival never waits for a free user."""
     timeout_s: float = Field(default=600.0, gt=0)
-    """Per-request timeout; a request that takes longer counts as failed."""
+    """Seconds a request may wait for the next byte from the server before it counts as failed (`timeout`)."""
 
     @model_validator(mode="after")
     def _has_length(self) -> _WorkloadBase:

@@ -37,6 +37,7 @@ from typing import Protocol
 import pandas as pd
 import psutil
 from pydantic import TypeAdapter
+from rich.console import Console
 
 from pdlab.config.workload import WorkloadSpec
 from pdlab.load.prompts import PromptBuilder
@@ -164,8 +165,9 @@ class ExperimentRun:
         if scenario in self.scheduled:
             raise ValueError(f"scenario {scenario!r} was already measured in this run")
         out = self.dir / scenario
-        out.mkdir()
-        schedule = build_schedule(self.workload, self.builder(model_dir))
+        out.mkdir(exist_ok=True)  # a Deployment may already keep its logs there
+        with Console(stderr=True, quiet=not self.progress).status(f"{scenario}: building the schedule"):
+            schedule = build_schedule(self.workload, self.builder(model_dir))
         if baseline:
             schedule = [item for item in schedule if item.cls != "long"]
         self.scheduled[scenario] = len(schedule)

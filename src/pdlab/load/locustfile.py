@@ -35,7 +35,8 @@ def _options(parser: Any) -> None:
     parser.add_argument("--pdlab-rows", required=True, help="rows CSV to append to")
     parser.add_argument("--pdlab-model", required=True, help="model name to put in requests")
     parser.add_argument("--pdlab-api", default="completions", choices=["completions", "chat"])
-    parser.add_argument("--pdlab-timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    parser.add_argument("--pdlab-timeout", type=float, default=600.0,
+                        help="seconds without a byte from the server before a request fails")
 
 
 class Feed:
@@ -48,6 +49,8 @@ class Feed:
         self.finished = 0
         self.t0: float | None = None
         self.all_done = Event()
+        if not schedule:
+            self.all_done.set()
 
     def take(self) -> ScheduledRequest | None:
         if self.t0 is None:

@@ -60,7 +60,8 @@ def write_report(run_dir: str | Path, figures: list[tuple[str, go.Figure]] | Non
     rows = scenario_rows(run_dir, summary)
     drawn: list[tuple[str, go.Figure]] = []
     if rows:
-        drawn.append(("Short-request inter-token latency", itl_cdf_figure(rows, "short")))
+        has_short = any((frame["cls"] == "short").any() for frame in rows.values())
+        drawn.append(("Inter-token latency", itl_cdf_figure(rows, "short" if has_short else None)))
         drawn.append(("TTFT by class", ttft_by_class_figure(rows)))
         for name, frame in rows.items():
             drawn.append((f"Timeline: {name}", timeline_figure(frame, stall_k, title=f"{name}: request timeline")))
