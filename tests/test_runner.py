@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from pdlab.config import parse_workload
-from pdlab.experiment import ExperimentRun, run_workload
+from pdlab.experiment import ExperimentRun, read_run, run_workload
 from pdlab.experiment.schema import check_summary
 from pdlab.load import COLUMNS, read_rows
 from pdlab.model import resolve
@@ -61,6 +61,9 @@ def test_run_directory_files_and_summary_schema(tmp_path):
     page = (run_dir / "report.html").read_text()
     assert page.count("plotly.js v") == 1  # plotly's JS inlined once
     assert "colocated: request timeline" in page and "baseline: request timeline" in page
+
+    back = read_run(run_dir)
+    assert set(back.rows) == {"colocated", "baseline"} and back.summary == summary
 
 
 INTERRUPTED = """

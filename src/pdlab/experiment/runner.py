@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Protocol
@@ -47,7 +48,7 @@ from pdlab.load.schedule import Workload, build_schedule, write_schedule
 from pdlab.metrics.kv import KVTransferStats, scrape_kv_transfer
 from pdlab.metrics.latency import DEFAULT_STALL_K
 from pdlab.metrics.summary import build_summary
-from pdlab.report.html import write_report
+from pdlab.report.html import scenario_rows, write_report
 from pdlab.settings import repo_root, runs_dir
 
 #: Packages whose versions go into environment.json.
@@ -228,6 +229,26 @@ class ExperimentRun:
         self.write_summary()
         write_report(self.dir)
         return self.dir
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A run directory read back (for notebooks): its summary, environment and each scenario's raw rows."""
+
+    dir: Path
+    summary: dict
+    environment: dict
+    rows: dict[str, pd.DataFrame]
+    """Scenario name (and `baseline`) -> raw rows."""
+
+
+def read_run(run_dir: str | Path) -> RunData:
+    """Read a run directory written by ExperimentRun."""
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    env_file = run_dir / "environment.json"
+    return RunData(run_dir, summary, json.loads(env_file.read_text()) if env_file.exists() else {},
+                   scenario_rows(run_dir, summary))
 
 
 def run_workload(base_url: str, workload: Workload, *, model: str, model_dir: str | Path, lab: str = "adhoc",
