@@ -99,3 +99,12 @@ def test_an_empty_schedule_finishes_with_no_rows(tmp_path):
         result = run_load(url, schedule, tmp_path, "pdlab-standin", progress=False)
     assert (result.scheduled, result.recorded, result.interrupted) == (0, 0, False)
     assert read_rows(result.rows_path).empty
+
+
+def test_a_silent_server_times_requests_out(builder, tmp_path):
+    schedule = schedule_file(builder, tmp_path, num_requests=2, rate=20, short_output_tokens=3)
+    with standin(next(PORTS), "--token-ms", "1500") as url:
+        result = run_load(url, schedule, tmp_path, "pdlab-standin", timeout_s=0.5, progress=False)
+    rows = read_rows(result.rows_path)
+    assert list(rows["status"]) == ["timeout", "timeout"]
+    assert all(len(times) == 1 for times in rows["token_times"])  # the first token came, then nothing

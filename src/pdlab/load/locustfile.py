@@ -141,7 +141,7 @@ class ScheduledUser(HttpUser):
                 row["path"] = response.headers.get(PATH_HEADER, "") if response.status_code else ""
                 row["server_request_id"] = response.headers.get(REQUEST_ID_HEADER, "") if response.status_code else ""
                 if not response.status_code:
-                    timed_out = "timeout" in type(response.error).__name__.lower()
+                    timed_out = _is_timeout(response.error)
                     status, row["error"] = ("timeout" if timed_out else "connection_error"), str(response.error)
                 elif response.status_code >= 400:
                     status, row["error"] = "http_error", _error_message(response)
@@ -151,7 +151,7 @@ class ScheduledUser(HttpUser):
                             record.feed(line, time.perf_counter() - start)
                     except Exception as error:  # the server died, cut the stream, or was too slow
                         record.error = f"{type(error).__name__}: {error}"
-                        status = "timeout" if "timeout" in type(error).__name__.lower() else "incomplete"
+                        status = "timeout" if _is_timeout(error) else "incomplete"
                     if not record.complete:
                         status = "incomplete" if status == "ok" else status
                         row["error"] = record.error or "stream ended without [DONE]"
@@ -162,6 +162,8 @@ class ScheduledUser(HttpUser):
         except gevent.GreenletExit:
             status, row["error"] = "interrupted", "the load was stopped before the answer ended"
             raise
+        except Exception as error:  # whatever went wrong, the request was sent: it must still get its row
+            status, row["error"] = "client_error", f"{type(error).__name__}: {error}"
         finally:
             row["end_s"] = round(time.perf_counter() - start, 6)
             row["status"] = status
@@ -186,6 +188,22 @@ class ScheduledUser(HttpUser):
                  exception=None, context={})
         fire(request_type="E2E", name=cls, response_time=times[-1] * 1000, response_length=0, exception=None,
              context={})
+
+
+def _is_timeout(error: BaseException | None) -> bool:
+    """Whether a read or connect timeout is behind `error` (requests wraps urllib3's ReadTimeoutError raised
+    mid-stream in a ConnectionError, so the chain and the wrapped arguments are searched)."""
+    seen: set[int] = set()
+    stack: list[object] = [error]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, TimeoutError) or "timeout" in type(item).__name__.lower():
+            return True
+        stack += [item.__cause__, item.__context__, *item.args]
+    return False
 
 
 def _error_message(response: Any) -> str:

@@ -31,13 +31,13 @@ COLUMNS: dict[str, str] = {
     "end_s": "end of the response (or of the failure), seconds after send",
     "path": "routing path from the router's header (disaggregated/direct), empty without a router",
     "http_status": "HTTP status, 0 when no response came",
-    "status": "ok, http_error, connection_error, incomplete, timeout or interrupted",
+    "status": "ok, http_error, connection_error, incomplete, timeout, interrupted or client_error",
     "error": "error message, empty when ok",
     "server_request_id": "x-request-id the server answered with",
 }
 
 #: Statuses that count as failed requests (everything sent that is not `ok`).
-FAILED_STATUSES = ("http_error", "connection_error", "incomplete", "timeout", "interrupted")
+FAILED_STATUSES = ("http_error", "connection_error", "incomplete", "timeout", "interrupted", "client_error")
 
 
 class RowWriter:
