@@ -17,6 +17,7 @@ from pdlab.metrics import (
     request_metrics,
     scenario_summary,
     slo_attainment,
+    sweep_table,
 )
 
 
@@ -135,3 +136,13 @@ def test_summary_of_a_run_where_nothing_completed():
     assert summary["stalls"]["count"] == 0
     assert summary["short"]["itl_ms"]["p99"] is None
     assert (summary["requests"]["sent"], summary["requests"]["failed"]) == (2, 2)
+
+
+def test_sweep_table_lines_per_scenario_and_rate():
+    rows = timeline()
+    table = sweep_table({("b", 2.0): rows, ("a", 1.0): rows}, ttft_slo_s=0.25, tpot_slo_s=0.4)
+    assert list(zip(table["scenario"], table["rate"], strict=True)) == [("a", 1.0), ("b", 2.0)]
+    assert table["attainment"].tolist() == pytest.approx([0.6, 0.6])
+    assert table["short_itl_p99_ms"].tolist() == pytest.approx([960.0, 960.0])
+    assert table["long_ttft_p99_ms"].tolist() == pytest.approx([1000.0, 1000.0])
+    assert table["stalls"].tolist() == [1, 1]

@@ -158,24 +158,29 @@ class ExperimentRun:
         self.finish(complete=exc_type is None)
 
     def measure(self, scenario: str, base_url: str, *, model: str, model_dir: str | Path, baseline: bool = False,
-                kv_urls: Sequence[str] = ()) -> pd.DataFrame:
+                kv_urls: Sequence[str] = (), workload: Workload | None = None) -> pd.DataFrame:
         """Send the workload at `base_url` (router or instance) and record it as `scenario`. With `baseline`,
         long requests are left out of the same schedule (short and probe requests keep their times): the
         short requests alone, for comparison. `kv_urls` are instances whose NIXL figures are scraped before and
-        after. Returns the raw rows."""
+        after. `workload` replaces the run's workload for this scenario (e.g. one rate of a sweep; it is saved
+        as `<scenario>/workload.json`). Returns the raw rows."""
         if scenario in self.scheduled:
             raise ValueError(f"scenario {scenario!r} was already measured in this run")
         out = self.dir / scenario
         out.mkdir(exist_ok=True)  # a Deployment may already keep its logs there
+        if workload is not None:
+            spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
+            (out / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
+        workload = workload or self.workload
         with Console(stderr=True, quiet=not self.progress).status(f"{scenario}: building the schedule"):
-            schedule = build_schedule(self.workload, self.builder(model_dir))
+            schedule = build_schedule(workload, self.builder(model_dir))
         if baseline:
             schedule = [item for item in schedule if item.cls != "long"]
         self.scheduled[scenario] = len(schedule)
         schedule_path = write_schedule(schedule, out / "schedule.jsonl")
         before = [scrape_kv_transfer(url) for url in kv_urls]
-        result = run_load(base_url, schedule_path, out, model, api=self.workload.api, users=self.workload.users,
-                          timeout_s=self.workload.timeout_s, progress=self.progress, label=scenario)
+        result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
+                          timeout_s=workload.timeout_s, progress=self.progress, label=scenario)
         if kv_urls:
             after = [scrape_kv_transfer(url) for url in kv_urls]
             moved = sum((a - b for a, b in zip(after, before, strict=True)), KVTransferStats())

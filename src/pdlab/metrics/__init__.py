@@ -1,7 +1,7 @@
 """How to measure (pdlab.metrics): pure functions over the raw rows of pdlab.load, plus the KV-transfer
 figures vLLM exports. docs/metrics.md is the glossary."""
 
-from pdlab.metrics.goodput import DEFAULT_ATTAINMENT, attainment_curve, goodput_rate, slo_attainment
+from pdlab.metrics.goodput import DEFAULT_ATTAINMENT, attainment_curve, goodput_rate, slo_attainment, sweep_table
 from pdlab.metrics.kv import KVTransferStats, parse_kv_transfer, scrape_kv_transfer
 from pdlab.metrics.latency import (
     DEFAULT_STALL_K,
@@ -34,4 +34,5 @@ __all__ = [
     "scenario_summary",
     "scrape_kv_transfer",
     "slo_attainment",
+    "sweep_table",
 ]

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from pdlab.metrics.latency import request_metrics
+from pdlab.metrics.latency import DEFAULT_STALL_K, gaps, itl_values, percentiles, request_metrics
 
 #: DistServe's attainment target: goodput is the highest rate at which at least this share meets both SLOs.
 DEFAULT_ATTAINMENT = 0.9
@@ -41,3 +41,21 @@ def attainment_curve(sweep: Mapping[float, pd.DataFrame], ttft_slo_s: float, tpo
     data = [{"rate": rate, "attainment": slo_attainment(rows, ttft_slo_s, tpot_slo_s, cls)}
             for rate, rows in sweep.items()]
     return pd.DataFrame(data, columns=["rate", "attainment"]).sort_values("rate", ignore_index=True)
+
+
+def sweep_table(runs: Mapping[tuple[str, float], pd.DataFrame], ttft_slo_s: float, tpot_slo_s: float,
+                stall_k: float = DEFAULT_STALL_K) -> pd.DataFrame:
+    """One line per (scenario, rate) run of a sweep: SLO attainment and the HOL headline figures, ready for
+    `pdlab.report.sweep_figure` (e.g. `y="attainment"` or `y="short_itl_p99_ms"`)."""
+    lines = []
+    for (scenario, rate), rows in runs.items():
+        timed = request_metrics(rows, stall_k)
+        short_itl = percentiles(itl_values(rows, "short"), 1000)
+        lines.append({
+            "scenario": scenario, "rate": rate, "attainment": slo_attainment(rows, ttft_slo_s, tpot_slo_s),
+            "short_itl_p50_ms": short_itl["p50"], "short_itl_p99_ms": short_itl["p99"],
+            "short_ttft_p99_ms": percentiles(timed.loc[timed["cls"] == "short", "ttft_s"], 1000)["p99"],
+            "long_ttft_p99_ms": percentiles(timed.loc[timed["cls"] == "long", "ttft_s"], 1000)["p99"],
+            "stalls": int(gaps(rows, stall_k)["stall"].sum()), "sent": int(len(rows)),
+        })
+    return pd.DataFrame(lines).sort_values(["scenario", "rate"], ignore_index=True) if lines else pd.DataFrame()
