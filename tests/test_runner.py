@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from pdlab.config import parse_workload
-from pdlab.experiment import ExperimentRun, read_run, run_workload
+from pdlab.experiment.runner import ExperimentRun, read_run, run_workload
 from pdlab.experiment.schema import check_summary
 from pdlab.load import COLUMNS, read_rows
 from pdlab.model import resolve
@@ -69,7 +69,7 @@ def test_run_directory_files_and_summary_schema(tmp_path):
 INTERRUPTED = """
 import sys
 from pdlab.config import parse_workload
-from pdlab.experiment import run_workload
+from pdlab.experiment.runner import run_workload
 from pdlab.model import resolve
 workload = parse_workload({"kind": "mixed", "num_requests": 40, "rate": 4, "arrival": "uniform",
                            "short_tokens": 16, "long_fraction": 0, "short_output_tokens": 40})

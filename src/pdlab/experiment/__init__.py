@@ -1,5 +1,5 @@
-"""Experiments: run a lab's scenarios under one workload and write a run directory."""
+"""Experiments: run a lab's scenarios under one workload and write a run directory.
 
-from pdlab.experiment.runner import ExperimentRun, RunData, environment, new_run_dir, read_run, run_workload
-
-__all__ = ["ExperimentRun", "RunData", "environment", "new_run_dir", "read_run", "run_workload"]
+The runner lives in `pdlab.experiment.runner` (ExperimentRun, run_workload, read_run); this package file
+imports nothing, so `pdlab`'s command line starts without loading pandas and plotly.
+"""
