@@ -19,9 +19,8 @@ from pathlib import Path
 import jinja2
 from tokenizers import Tokenizer
 
+from pdlab.config.workload import Api
 from pdlab.settings import data_dir
-
-Api = str  # "completions" | "chat"
 
 
 class PromptError(RuntimeError):
