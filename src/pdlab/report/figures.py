@@ -1,0 +1,123 @@
+"""Plotly figures of a run, each a function of raw rows (or summaries) returning a `go.Figure`, so notebooks
+and `write_report` draw the same pictures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from pdlab.metrics.latency import DEFAULT_STALL_K, gaps, itl_values, prefill_intervals, request_metrics
+
+#: One colour per request class, used by every figure.
+CLASS_COLOURS = {"short": "#1f77b4", "long": "#ff7f0e", "probe": "#7f7f7f"}
+STALL_COLOUR = "#d62728"
+
+
+def timeline_figure(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K, title: str = "Request timeline",
+                    max_requests: int = 400) -> go.Figure:
+    """One row per request (by send time): a thick segment from send to first token (TTFT), a tick per
+    streamed token, stalled gaps in red, failed requests crossed out, and long prompts' prefills shaded."""
+    ordered = rows.sort_values("start_s", kind="stable").head(max_requests).reset_index(drop=True)
+    y_of = {rid: i for i, rid in enumerate(ordered["request_id"])}
+    labels = [f"{rid} {cls}" for rid, cls in zip(ordered["request_id"], ordered["cls"], strict=True)]
+    fig = go.Figure()
+
+    for _, pre in prefill_intervals(ordered).iterrows():
+        fig.add_vrect(x0=pre["t0_s"], x1=pre["t1_s"], fillcolor=CLASS_COLOURS["long"], opacity=0.08, line_width=0,
+                      layer="below")
+
+    for cls, group in ordered.groupby("cls", sort=True):
+        colour = CLASS_COLOURS.get(str(cls), "#2ca02c")
+        ttft_x: list[float | None] = []
+        ttft_y: list[float | None] = []
+        tick_x: list[float] = []
+        tick_y: list[float] = []
+        for _, row in group.iterrows():
+            y = y_of[row["request_id"]]
+            times = row["token_times"]
+            if times:
+                ttft_x += [row["start_s"], row["start_s"] + times[0], None]
+                ttft_y += [y, y, None]
+                tick_x += [row["start_s"] + t for t in times]
+                tick_y += [y] * len(times)
+        fig.add_trace(go.Scatter(x=ttft_x, y=ttft_y, mode="lines", line={"color": colour, "width": 5},
+                                 name=f"{cls}: TTFT", legendgroup=str(cls), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=tick_x, y=tick_y, mode="markers", name=f"{cls}: tokens", legendgroup=str(cls),
+                                 marker={"symbol": "line-ns-open", "size": 7, "color": colour},
+                                 hovertemplate="t=%{x:.3f}s<extra></extra>"))
+
+    stalled = gaps(ordered, stall_k)
+    stalled = stalled[stalled["stall"]]
+    if not stalled.empty:
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for _, gap in stalled.iterrows():
+            y = y_of[gap["request_id"]]
+            xs += [gap["t0_s"], gap["t1_s"], None]
+            ys += [y, y, None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": STALL_COLOUR, "width": 4},
+                                 name=f"stall (> {stall_k:g}x median gap)", hoverinfo="skip"))
+
+    failed = ordered[ordered["status"] != "ok"]
+    if not failed.empty:
+        fig.add_trace(go.Scatter(x=failed["start_s"] + failed["end_s"], y=[y_of[r] for r in failed["request_id"]],
+                                 mode="markers", marker={"symbol": "x", "size": 9, "color": STALL_COLOUR},
+                                 name="failed", text=failed["status"] + ": " + failed["error"].astype(str),
+                                 hovertemplate="%{text}<extra></extra>"))
+
+    fig.update_layout(title=title, xaxis_title="seconds since the load began", height=max(300, 18 * len(ordered)),
+                      yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
+                             "autorange": "reversed"}, legend={"orientation": "h", "y": -0.08})
+    return fig
+
+
+def itl_cdf_figure(scenarios: Mapping[str, pd.DataFrame], cls: str | None = "short",
+                   title: str | None = None) -> go.Figure:
+    """Empirical CDF of inter-token gaps (ms) per scenario, log x axis: a HOL stall shows as a long right tail."""
+    fig = go.Figure()
+    for name, rows in scenarios.items():
+        values = np.sort(itl_values(rows, cls)) * 1000
+        if values.size == 0:
+            continue
+        fig.add_trace(go.Scatter(x=values, y=np.arange(1, values.size + 1) / values.size, mode="lines", name=name,
+                                 line={"shape": "hv"}))
+    which = f"{cls} requests" if cls else "all requests"
+    fig.update_layout(title=title or f"Inter-token latency CDF ({which})", xaxis_title="ITL (ms)",
+                      yaxis_title="share of gaps <= x", xaxis_type="log", yaxis_range=[0, 1.01])
+    return fig
+
+
+def ttft_by_class_figure(scenarios: Mapping[str, pd.DataFrame], title: str = "TTFT by class") -> go.Figure:
+    """Box plots of TTFT (ms), one box per scenario within each request class."""
+    fig = go.Figure()
+    for name, rows in scenarios.items():
+        timed = request_metrics(rows)
+        fig.add_trace(go.Box(x=timed["cls"], y=timed["ttft_s"] * 1000, name=name, boxpoints="outliers"))
+    fig.update_layout(title=title, boxmode="group", xaxis_title="class", yaxis_title="TTFT (ms)", yaxis_type="log")
+    return fig
+
+
+def sweep_figure(frame: pd.DataFrame, x: str = "rate", y: str = "short_itl_p99_ms", color: str = "scenario",
+                 title: str | None = None, target: float | None = None) -> go.Figure:
+    """A curve per `color` group of `y` against `x` (e.g. p99 ITL or SLO attainment against request rate);
+    `target` draws a horizontal line (e.g. 0.9 for goodput)."""
+    fig = go.Figure()
+    groups = frame.groupby(color, sort=False) if color in frame else [("", frame)]
+    for name, group in groups:
+        group = group.sort_values(x)
+        fig.add_trace(go.Scatter(x=group[x], y=group[y], mode="lines+markers", name=str(name)))
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dot", annotation_text=f"target {target:g}")
+    fig.update_layout(title=title or f"{y} vs {x}", xaxis_title=x, yaxis_title=y)
+    return fig
+
+
+def counts_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Requests per class and status (for the report's table)."""
+    return rows.pivot_table(index="cls", columns="status", values="request_id", aggfunc="count", fill_value=0)
+
+
+__all__ = ["counts_table", "itl_cdf_figure", "sweep_figure", "timeline_figure", "ttft_by_class_figure"]

@@ -1,0 +1,73 @@
+"""NIXL KV-transfer figures parsed from a Prometheus exposition made the way vLLM makes it (same metric names,
+types, buckets and labels as vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from pdlab.metrics import KVTransferStats, parse_kv_transfer
+
+LABELS = ["model_name", "engine"]
+
+
+def vllm_like_registry():
+    registry = CollectorRegistry()
+    metrics = {
+        "xfer": Histogram("vllm:nixl_xfer_time_seconds", "transfer duration", LABELS, registry=registry,
+                          buckets=[0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]),
+        "post": Histogram("vllm:nixl_post_time_seconds", "post time", LABELS, registry=registry,
+                          buckets=[0.001, 0.005, 0.01, 0.1, 1.0]),
+        "bytes": Histogram("vllm:nixl_bytes_transferred", "bytes", LABELS, registry=registry,
+                           buckets=[2 ** (10 + i) for i in range(1, 25, 2)]),
+        "desc": Histogram("vllm:nixl_num_descriptors", "descriptors", LABELS, registry=registry,
+                          buckets=[10, 100, 1000, 10000]),
+        "failed": Counter("vllm:nixl_num_failed_transfers", "failed", LABELS, registry=registry),
+        "expired": Counter("vllm:nixl_num_kv_expired_reqs", "expired", LABELS, registry=registry),
+    }
+    return registry, metrics
+
+
+def observe(metrics, engine: str, transfers: list[tuple[float, float, float, int]]):
+    for xfer_s, post_s, size, descriptors in transfers:
+        metrics["xfer"].labels("pdlab-small", engine).observe(xfer_s)
+        metrics["post"].labels("pdlab-small", engine).observe(post_s)
+        metrics["bytes"].labels("pdlab-small", engine).observe(size)
+        metrics["desc"].labels("pdlab-small", engine).observe(descriptors)
+
+
+def test_sums_over_engines_and_derives_means():
+    registry, metrics = vllm_like_registry()
+    observe(metrics, "0", [(0.004, 0.001, 15_500_000, 64), (0.006, 0.002, 4_500_000, 16)])
+    observe(metrics, "1", [(0.010, 0.003, 10_000_000, 40)])
+    metrics["failed"].labels("pdlab-small", "1").inc(2)
+    stats = parse_kv_transfer(generate_latest(registry).decode())
+    assert stats.transfers == 3
+    assert stats.bytes == 30_000_000
+    assert stats.xfer_seconds == pytest.approx(0.020)
+    assert stats.post_seconds == pytest.approx(0.006)
+    assert stats.descriptors == 120
+    assert stats.failed_transfers == 2
+    assert stats.kv_expired == 0
+    assert stats.mean_bytes == 10_000_000
+    assert stats.mean_xfer_ms == pytest.approx(20 / 3)
+    assert stats.throughput_mb_s == pytest.approx(1500.0)  # 30 MB in 20 ms
+
+
+def test_difference_of_two_scrapes_is_what_a_run_moved():
+    registry, metrics = vllm_like_registry()
+    observe(metrics, "0", [(0.004, 0.001, 1_000_000, 8)])
+    before = parse_kv_transfer(generate_latest(registry).decode())
+    observe(metrics, "0", [(0.006, 0.001, 3_000_000, 8), (0.010, 0.001, 5_000_000, 8)])
+    moved = parse_kv_transfer(generate_latest(registry).decode()) - before
+    assert moved.transfers == 2
+    assert moved.bytes == 8_000_000
+    assert moved.xfer_seconds == pytest.approx(0.016)
+
+
+def test_no_nixl_metrics_is_all_zero():
+    text = "# HELP vllm:num_requests_running Requests\n# TYPE vllm:num_requests_running gauge\n" \
+           'vllm:num_requests_running{model_name="m"} 3.0\n'
+    stats = parse_kv_transfer(text)
+    assert stats == KVTransferStats()
+    assert stats.mean_bytes is None and stats.throughput_mb_s is None

@@ -1,0 +1,37 @@
+"""pdlab.report's figures on a hand-built timeline (the same one as tests/test_metrics.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pdlab.report import itl_cdf_figure, sweep_figure, timeline_figure, ttft_by_class_figure
+from test_metrics import timeline
+
+
+def test_timeline_marks_ttft_tokens_stalls_failures_and_long_prefills():
+    fig = timeline_figure(timeline())
+    by_name = {trace.name: trace for trace in fig.data}
+    stall = next(trace for name, trace in by_name.items() if name.startswith("stall"))
+    assert [x for x in stall.x if x is not None] == pytest.approx([0.3, 1.3])  # A's 1.0 s gap
+    assert len(by_name["short: tokens"].x) == 5 + 1 + 3  # A, D (its one token before the stream broke), C
+    assert list(by_name["failed"].text) == ["incomplete: stream ended without [DONE]"]
+    shapes = [shape for shape in fig.layout.shapes if shape.type == "rect"]
+    assert [v for s in shapes for v in (s.x0, s.x1)] == pytest.approx([0.25, 1.25])  # B's prefill
+    assert list(fig.layout.yaxis.ticktext) == ["A short", "E probe", "B long", "D short", "C short"]
+
+
+def test_itl_cdf_has_one_step_per_gap_and_ends_at_one():
+    fig = itl_cdf_figure({"one": timeline(), "two": timeline()})
+    assert [trace.name for trace in fig.data] == ["one", "two"]
+    assert list(fig.data[0].x) == pytest.approx([100, 100, 100, 200, 200, 1000])
+    assert fig.data[0].y[-1] == 1.0
+
+
+def test_ttft_by_class_and_sweep_figures():
+    fig = ttft_by_class_figure({"s": timeline()})
+    assert sorted(fig.data[0].y) == pytest.approx([50, 100, 200, 1000])
+    sweep = pd.DataFrame({"scenario": ["a", "a", "b"], "rate": [2.0, 1.0, 1.0], "attainment": [0.5, 1.0, 0.95]})
+    fig = sweep_figure(sweep, y="attainment", target=0.9)
+    assert list(fig.data[0].x) == [1.0, 2.0]
+    assert [trace.name for trace in fig.data] == ["a", "b"]

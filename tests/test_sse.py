@@ -1,0 +1,44 @@
+"""StreamRecord on the byte lines of vLLM-style SSE bodies (the stand-in server tests cover live streams)."""
+
+from __future__ import annotations
+
+import json
+
+from pdlab.load.sse import StreamRecord
+
+
+def event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}".encode()
+
+
+def test_completion_stream_times_each_token_and_reads_usage():
+    record = StreamRecord()
+    lines = [
+        (event({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}), 0.5),
+        (b"", 0.5),
+        (b": keep-alive comment", 0.6),
+        (event({"choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}), 0.7),
+        (event({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2}}), 0.7),
+        (b"data: [DONE]", 0.8),
+    ]
+    for line, at in lines:
+        record.feed(line, at)
+    assert record.token_times == [0.5, 0.7]
+    assert record.text == "ab"
+    assert (record.usage_prompt_tokens, record.usage_completion_tokens) == (12, 2)
+    assert record.complete
+
+
+def test_chat_deltas_and_missing_done_is_incomplete():
+    record = StreamRecord()
+    record.feed(event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]}), 0.1)
+    assert record.text == "hi"
+    assert not record.complete
+
+
+def test_error_inside_stream_is_kept():
+    record = StreamRecord()
+    record.feed(event({"error": {"message": "KV transfer failed", "type": "internal_server_error"}}), 0.2)
+    record.feed("data: [DONE]", 0.3)
+    assert record.error == "KV transfer failed"
+    assert not record.complete
