@@ -11,7 +11,7 @@ from pdlab.config import parse_workload
 from pdlab.load import COLUMNS, PromptBuilder, ScheduledRequest, build_schedule, read_rows, run_load, write_schedule
 from pdlab.metrics import gaps_during_prefills, request_metrics, scenario_summary
 from pdlab.model import resolve
-from standin_process import standin
+from tests.standin_process import standin
 
 PORTS = iter(range(19100, 19200))
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pdlab.report import itl_cdf_figure, sweep_figure, timeline_figure, ttft_by_class_figure
-from test_metrics import timeline
+from tests.test_metrics import timeline
 
 
 def test_timeline_marks_ttft_tokens_stalls_failures_and_long_prefills():

@@ -16,7 +16,7 @@ from pdlab.experiment.runner import ExperimentRun, read_run, run_workload
 from pdlab.experiment.schema import check_summary
 from pdlab.load import COLUMNS, read_rows
 from pdlab.model import resolve
-from standin_process import SRC, standin
+from tests.standin_process import SRC, standin
 
 PORTS = iter(range(19200, 19300))
 
