@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdlab.cluster.cli import app as cluster_app
+from pdlab.experiment import cli as experiment_cli
 from pdlab.netlab.cli import app as netlab_app
 from pdlab.router.cli import app as router_app
 from pdlab.sim.cli import app as sim_app
@@ -25,6 +26,8 @@ app.add_typer(router_app, name="router")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(sim_app, name="sim")
 app.add_typer(netlab_app, name="netlab")
+app.command("run")(experiment_cli.run)
+app.command("demo")(experiment_cli.demo)
 
 
 @model_app.command("make")

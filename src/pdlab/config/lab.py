@@ -3,13 +3,52 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from pdlab.config.base import Spec, load_yaml
 from pdlab.config.cluster import ClusterSpec
 from pdlab.config.deployment import DeploymentSpec
 from pdlab.config.workload import WorkloadSpec
+
+
+class SweepSpec(Spec):
+    """Re-run one scenario's load at each value of a router setting, changed live through the admin API."""
+
+    scenario: str
+    """The scenario (a deployment with a router) to sweep."""
+    thresholds: list[int] = Field(min_length=1)
+    """Routing thresholds (tokens) to measure, in order."""
+
+
+class EventSpec(Spec):
+    """Something that happens to a deployment while the load runs (failure drills)."""
+
+    at_s: float = Field(ge=0)
+    """Seconds after the scenario's load starts."""
+    action: Literal["kill"] = "kill"
+    """`kill`: SIGKILL the instance's whole process tree, as a crash would."""
+    instance: str
+    """Name of the instance it happens to."""
+    scenarios: list[str] = []
+    """Scenarios it applies to (empty: all that have the instance)."""
+
+
+class ExperimentSpec(Spec):
+    """How `pdlab run` measures a lab's scenarios."""
+
+    baseline_scenario: str | None = None
+    """Also run the short requests alone (long prompts left out of the same schedule) on this scenario's
+    deployment: the `baseline` the others are compared with."""
+    stall_k: float = Field(default=5.0, gt=1)
+    """A gap longer than `stall_k` x the request's median gap is a stall."""
+    sweep: SweepSpec | None = None
+    """Measure one scenario at several router thresholds."""
+    events: list[EventSpec] = []
+    """Failure drills during the load."""
+    quick_duration_s: float = Field(default=20.0, gt=0)
+    """Load duration used by `--quick` runs (tests, notebooks in CI)."""
 
 
 class LabSpec(Spec):
@@ -29,6 +68,8 @@ class LabSpec(Spec):
     """Seed for everything random in the lab."""
     cluster: ClusterSpec | None = None
     """Cluster-tier settings (pdlab.cluster)."""
+    experiment: ExperimentSpec = Field(default_factory=ExperimentSpec)
+    """How `pdlab run` measures the scenarios."""
 
     @model_validator(mode="after")
     def _has_deployment(self) -> LabSpec:
@@ -36,11 +77,31 @@ class LabSpec(Spec):
             raise ValueError("a lab needs a `deployment` or at least one entry in `scenarios`")
         return self
 
+    @model_validator(mode="after")
+    def _experiment_names_exist(self) -> LabSpec:
+        exp = self.experiment
+        if exp.baseline_scenario is not None and exp.baseline_scenario not in self.scenarios:
+            raise ValueError(f"experiment.baseline_scenario: {exp.baseline_scenario!r} is not one of the "
+                             f"scenarios {sorted(self.scenarios)}")
+        if exp.sweep is not None:
+            swept = self.scenarios.get(exp.sweep.scenario)
+            if swept is None:
+                raise ValueError(f"experiment.sweep.scenario: {exp.sweep.scenario!r} is not one of the "
+                                 f"scenarios {sorted(self.scenarios)}")
+            if swept.router is None:
+                raise ValueError("experiment.sweep.scenario: the swept scenario needs a `router`")
+        for i, event in enumerate(exp.events):
+            names = {inst.name for spec in self.scenarios.values() for inst in spec.instances}
+            if event.instance not in names:
+                raise ValueError(f"experiment.events.{i}.instance: no scenario has an instance {event.instance!r}")
+        return self
+
     def main_deployment(self) -> DeploymentSpec:
         """The deployment `pdlab up` starts: `deployment`, else the first scenario."""
         if self.deployment is not None:
             return self.deployment
         return next(iter(self.scenarios.values()))
+
 
 def load_lab(path: str | Path) -> LabSpec:
     """Load and validate a lab spec; errors name the file and each bad field."""

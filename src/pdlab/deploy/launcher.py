@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.deploy import state
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess
-from pdlab.settings import DEFAULT_STARTUP_TIMEOUT_S, runs_dir
+from pdlab.settings import ADMIN_TOKEN_ENV, DEFAULT_STARTUP_TIMEOUT_S, runs_dir
 
 
 class DeployError(RuntimeError):
@@ -76,6 +77,8 @@ class Deployment:
         self.instances: list[RunningInstance] = []
         self.router: ManagedProcess | None = None
         self.router_url: str | None = None
+        self.admin_token: str | None = None
+        """Bearer token for the router's `/admin/*` endpoints."""
         self.model_dir: str = ""
         self.started_s: float | None = None
         self._guard: ManagedProcess | None = None
@@ -100,6 +103,7 @@ class Deployment:
             proc = ManagedProcess.adopt(entry["name"], entry["pid"], entry["create_time"], Path(entry["log"]))
             if entry["role"] == "router":
                 dep.router, dep.router_url = proc, entry["url"]
+                dep.admin_token = record.get("admin_token")
             else:
                 dep.instances.append(RunningInstance(resolved[entry["name"]], proc))
         return dep
@@ -244,7 +248,14 @@ class Deployment:
         block_size = next((i.spec.engine.block_size for i in self.instances if i.spec.engine.block_size), None)
         argv = router_command(router, self.urls("prefill"), self.urls("decode") + self.urls("colocated"),
                               self.served_model, self.model_dir, self.spec.model.max_model_len, block_size or 128)
-        self.router = self._spawn("router", argv, dict(os.environ))
+        env = dict(os.environ)
+        if not router.admin_token:
+            # Safe by default: the admin API always has a token; an unset one is made up here and handed to the
+            # router through its environment (not its argv, which other local users can read).
+            env[ADMIN_TOKEN_ENV] = self.admin_token = env.get(ADMIN_TOKEN_ENV) or secrets.token_urlsafe(24)
+        else:
+            self.admin_token = router.admin_token
+        self.router = self._spawn("router", argv, env)
         self.router_url = f"http://{router.host}:{router.port}"
         self._wait_healthy([("router", self.router_url, self.router)])
 

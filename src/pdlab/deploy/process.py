@@ -79,6 +79,10 @@ class ManagedProcess:
     def log_tail(self, lines: int = 25) -> str:
         return tail(self.log_path, lines)
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once, as a crash would (failure drills)."""
+        stop_group(self.pid, self.create_time, graceful=False)
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left (the group and any stray descendants)."""
         if self._adopted_pid is not None:
@@ -114,8 +118,9 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0) -> None:
-    """Stop process group `pgid` whose leader was created at `create_time` (guards against a recycled pid)."""
+def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0, graceful: bool = True) -> None:
+    """Stop process group `pgid` whose leader was created at `create_time` (guards against a recycled pid):
+    SIGTERM, then SIGKILL after `timeout_s`; with `graceful=False`, SIGKILL at once."""
     try:
         leader = psutil.Process(pgid)
         if create_time is not None and abs(leader.create_time() - create_time) > 0.01:
@@ -127,6 +132,10 @@ def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0) ->
         with contextlib.suppress(psutil.NoSuchProcess):
             members += [c for c in leader.children(recursive=True) if c not in members]
     if not members:
+        return
+    if not graceful:
+        _signal_all(pgid, members, signal.SIGKILL)
+        psutil.wait_procs(members, timeout=5)
         return
     _signal_all(pgid, members, signal.SIGTERM)
     _, alive = psutil.wait_procs(members, timeout=timeout_s)

@@ -25,9 +25,13 @@ def save(dep: Deployment) -> None:
         processes.append({"name": "router", "role": "router", "url": dep.router_url, "pid": dep.router.pid,
                           "create_time": dep.router.create_time, "log": str(dep.router.log_path)})
     record = {"name": dep.spec.name, "run_dir": str(dep.run_dir), "served_model": dep.served_model,
-              "url": dep.url, "processes": processes}
-    state_dir().mkdir(parents=True, exist_ok=True)
-    _path(dep.spec.name).write_text(json.dumps(record, indent=2))
+              "url": dep.url, "processes": processes, "admin_token": dep.admin_token}
+    state_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = _path(dep.spec.name)
+    # The record holds the router's admin token: readable by its owner only.
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(json.dumps(record, indent=2))
 
 
 def load(name: str) -> dict[str, Any] | None:

@@ -1,3 +1,91 @@
 """`pdlab run` and `pdlab demo`."""
 
 from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pdlab.settings import repo_root
+
+console = Console()
+
+#: The lab `pdlab demo` runs.
+DEMO_LAB = "hol-blocking.yaml"
+
+
+def _labs_dir() -> Path:
+    root = repo_root()
+    return (root / "labs") if root else Path("labs")
+
+
+def _load(lab: Path):  # type: ignore[no-untyped-def]
+    from pdlab.config import ConfigError, load_lab
+
+    try:
+        return load_lab(lab)
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+
+
+def _fmt(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    return str(value)
+
+
+def print_comparison(run_dir: Path) -> None:
+    """The headline figures of a run, scenarios side by side, and each scenario's short-request ITL p99 as a
+    multiple of the baseline's."""
+    from pdlab.report import headline_table
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    frame = headline_table(summary)
+    table = Table("figure", *frame.columns, title=f"{summary.get('lab')}: {run_dir}")
+    for label, row in frame.iterrows():
+        table.add_row(str(label), *(_fmt(v) for v in row.tolist()))
+    base = ((summary.get("baseline") or {}).get("short") or {}).get("itl_ms", {}).get("p99")
+    if base:
+        ratios = [((s.get("short") or {}).get("itl_ms") or {}).get("p99") for s in summary["scenarios"].values()]
+        table.add_row("short ITL p99 / baseline",
+                      *[f"{r / base:.1f}x" if r else "-" for r in ratios], "1.0x" if "baseline" in frame else "")
+    console.print(table)
+    if not summary.get("complete"):
+        console.print("[yellow]This run is incomplete: it was interrupted; figures cover what was measured.[/yellow]")
+
+
+def run(
+    lab: Path = typer.Argument(..., help="Lab spec (YAML) with scenarios and a workload."),
+    quick: bool = typer.Option(False, help="Short loads (the lab's quick_duration_s), for a first look or CI."),
+    duration: float = typer.Option(None, help="Load duration in seconds, overriding the lab's."),
+    only: list[str] = typer.Option(None, help="Run only these scenarios (repeatable)."),
+    out: Path = typer.Option(None, help="Run directory to write (default: runs/<lab>/<timestamp>/)."),
+) -> None:
+    """Run a lab: each scenario's deployment in turn, the same workload, one run directory with a report."""
+    from pdlab.deploy import DeployError
+    from pdlab.experiment.lab import LabError, run_lab
+
+    spec = _load(lab)
+    try:
+        run_dir = run_lab(spec, quick=quick, duration_s=duration, only=only or None, run_dir=out, console=console)
+    except (LabError, DeployError, FileExistsError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    print_comparison(run_dir)
+    console.print(f"Run directory: {run_dir}\nReport: {run_dir / 'report.html'}")
+
+
+def demo(
+    out: Path = typer.Option(None, help="Write the run (summary.json, report.html, ...) into this directory."),
+    quick: bool = typer.Option(False, help="Short loads, for a first look."),
+) -> None:
+    """The lab's headline: short requests freeze behind long prompts when colocated, and flow when prefill and
+    decode are disaggregated. Runs labs/hol-blocking.yaml (about 8 minutes on 2 cores)."""
+    run(_labs_dir() / DEMO_LAB, quick=quick, duration=None, only=None, out=out)

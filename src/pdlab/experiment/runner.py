@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pandas as pd
+import plotly.graph_objects as go
 from pydantic import TypeAdapter
 from rich.console import Console
 
@@ -74,6 +75,14 @@ def new_run_dir(lab: str, runs_root: str | Path | None = None) -> Path:
     raise RuntimeError(f"no free run directory under {base / lab}")
 
 
+def _fresh_dir(path: Path) -> Path:
+    """An explicitly named run directory: created if missing, refused if it already holds a run."""
+    path.mkdir(parents=True, exist_ok=True)
+    if (path / "summary.json").exists():
+        raise FileExistsError(f"{path} already holds a run (summary.json); pdlab never overwrites results")
+    return path
+
+
 class ExperimentRun:
     """One run directory: measure scenarios into it, then close it with a summary and a report.
 
@@ -81,12 +90,12 @@ class ExperimentRun:
     exception (Ctrl-C included) marks it incomplete and re-raises."""
 
     def __init__(self, lab: str, workload: Workload, *, runs_root: str | Path | None = None,
-                 stall_k: float = DEFAULT_STALL_K, progress: bool = True):
+                 run_dir: Path | None = None, stall_k: float = DEFAULT_STALL_K, progress: bool = True):
         self.lab = lab
         self.workload = workload
         self.stall_k = stall_k
         self.progress = progress
-        self.dir = new_run_dir(lab, runs_root)
+        self.dir = new_run_dir(lab, runs_root) if run_dir is None else _fresh_dir(Path(run_dir))
         self.started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.scheduled: dict[str, int] = {}
         self.kv: dict[str, dict] = {}
@@ -174,11 +183,12 @@ class ExperimentRun:
         os.replace(staging, path)  # never a half-written summary
         return path
 
-    def finish(self, complete: bool) -> Path:
-        """Write the final summary (`complete` as given) and the report; returns the run directory."""
+    def finish(self, complete: bool, figures: list[tuple[str, go.Figure]] | None = None) -> Path:
+        """Write the final summary (`complete` as given) and the report (plus `figures`); returns the run
+        directory."""
         self.complete = complete
         self.write_summary()
-        write_report(self.dir)
+        write_report(self.dir, figures)
         return self.dir
 
 

@@ -1,0 +1,135 @@
+"""`pdlab run LAB.yaml`: bring up each scenario's deployment in turn on the same cores, send the lab's workload,
+and write one run directory (see pdlab.experiment.runner) with a summary and a report.
+
+    run_dir = run_lab(load_lab("labs/hol-blocking.yaml"))
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pandas as pd
+from rich.console import Console
+
+from pdlab.config.lab import EventSpec, LabSpec
+from pdlab.deploy import Deployment
+from pdlab.experiment.runner import ExperimentRun
+from pdlab.report.figures import sweep_figure
+
+
+class LabError(RuntimeError):
+    """A lab that cannot run as specified."""
+
+
+def quick_workload(lab: LabSpec, duration_s: float | None = None) -> Any:
+    """The lab's workload shortened for a quick run (tests, notebooks in CI): same rates and shapes."""
+    if lab.workload is None:
+        raise LabError(f"lab {lab.name!r} has no `workload` to run")
+    duration = duration_s or lab.experiment.quick_duration_s
+    return lab.workload.model_copy(update={"duration_s": duration, "num_requests": None})
+
+
+def set_router(dep: Deployment, **settings: Any) -> dict:
+    """Change live router settings through its admin API; returns the config it now runs with."""
+    if dep.router_url is None:
+        raise LabError("this deployment has no router to configure")
+    response = httpx.put(dep.router_url + "/admin/config", json=settings,
+                         headers={"Authorization": f"Bearer {dep.admin_token}"}, timeout=10)
+    if response.status_code != 200:
+        raise LabError(f"router refused {settings}: HTTP {response.status_code} {response.text}")
+    return response.json()
+
+
+def _schedule_events(dep: Deployment, scenario: str, events: list[EventSpec],
+                     console: Console) -> list[threading.Timer]:
+    timers = []
+    names = {inst.name for inst in dep.instances}
+    for event in events:
+        if event.instance not in names or (event.scenarios and scenario not in event.scenarios):
+            continue
+
+        def fire(event: EventSpec = event) -> None:
+            console.print(f"[yellow]{scenario}: t={event.at_s:g}s: {event.action} {event.instance}[/yellow]")
+            dep.instance(event.instance).process.kill()
+
+        timer = threading.Timer(event.at_s, fire)
+        timer.daemon = True
+        timers.append(timer)
+    return timers
+
+
+def _measure(run: ExperimentRun, name: str, dep: Deployment, events: list[EventSpec], console: Console,
+             baseline: bool = False) -> None:
+    timers = [] if baseline else _schedule_events(dep, name, events, console)
+    for timer in timers:
+        timer.start()
+    try:
+        run.measure_deployment(name, dep, baseline=baseline)
+    finally:
+        for timer in timers:
+            timer.cancel()
+
+
+def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = None,
+            runs_root: str | Path | None = None, run_dir: Path | None = None, progress: bool = True,
+            console: Console | None = None, only: list[str] | None = None) -> Path:
+    """Run every scenario of `lab` (or those in `only`) and return the run directory. Interrupted runs keep what
+    they measured, marked incomplete."""
+    console = console or Console(stderr=True)
+    if not lab.scenarios:
+        raise LabError(f"lab {lab.name!r} has no `scenarios` to measure (`pdlab up` it instead)")
+    unknown = sorted(set(only or []) - set(lab.scenarios))
+    if unknown:
+        raise LabError(f"no scenario(s) {unknown} in lab {lab.name!r}; it has {sorted(lab.scenarios)}")
+    workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
+    if workload is None:
+        raise LabError(f"lab {lab.name!r} has no `workload` to run")
+    exp = lab.experiment
+    sweep_rows: list[dict] = []
+    figures = []
+    run = ExperimentRun(lab.name, workload, runs_root=runs_root, run_dir=run_dir, stall_k=exp.stall_k,
+                        progress=progress)
+    complete = False
+    try:
+        for name, spec in lab.scenarios.items():
+            if only and name not in only:
+                continue
+            console.rule(f"{lab.name}: {name}")
+            with Deployment(spec, run_dir=run.dir / name / "deployment", progress=progress, console=console) as dep:
+                if exp.sweep is not None and exp.sweep.scenario == name:
+                    for threshold in exp.sweep.thresholds:
+                        set_router(dep, threshold=threshold)
+                        point = f"{name}@{threshold}"
+                        _measure(run, point, dep, exp.events, console)
+                        figures_now = run.summary()["scenarios"][point]
+                        sweep_rows.append({"scenario": name, "threshold": threshold, **_headline(figures_now)})
+                else:
+                    _measure(run, name, dep, exp.events, console)
+                if exp.baseline_scenario == name:
+                    _measure(run, "baseline", dep, exp.events, console, baseline=True)
+        complete = True
+    finally:
+        if sweep_rows:
+            frame = pd.DataFrame(sweep_rows)
+            frame.to_csv(run.dir / "sweep.csv", index=False)
+            figures = [("Threshold sweep: short-request ITL p99",
+                        sweep_figure(frame, x="threshold", y="short_itl_p99_ms")),
+                       ("Threshold sweep: long-prompt TTFT p99",
+                        sweep_figure(frame, x="threshold", y="long_ttft_p99_ms"))]
+        run.finish(complete, figures)
+    return run.dir
+
+
+def _headline(scenario: dict) -> dict[str, float | None]:
+    def get(*path: str) -> float | None:
+        node: Any = scenario
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+
+    return {"short_itl_p50_ms": get("short", "itl_ms", "p50"), "short_itl_p99_ms": get("short", "itl_ms", "p99"),
+            "short_ttft_p99_ms": get("short", "ttft_ms", "p99"), "long_ttft_p50_ms": get("long", "ttft_ms", "p50"),
+            "long_ttft_p99_ms": get("long", "ttft_ms", "p99"), "stalls": get("stalls", "count")}
