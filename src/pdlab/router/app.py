@@ -2,7 +2,9 @@
 
 Per request: check the body, count the prompt's tokens with the served model's tokenizer, pick the path
 (`decide_path`), pick replicas (each pool's strategy), run prefill (P/D path) and relay the decode leg's answer.
-All I/O is async (httpx to upstream); routing decisions are the pure functions of `pdlab.router.strategies`.
+All I/O is async: aiohttp to upstream (its C HTTP parser and simple connection pool cost a fraction of httpx's
+per call, which dominated the router's overhead), starlette + uvicorn towards clients. Routing decisions are the
+pure functions of `pdlab.router.strategies`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,7 +31,7 @@ from starlette.routing import Route
 
 from pdlab.config.base import ConfigError, validate
 from pdlab.config.router import RouterSettings, RouterSpec
-from pdlab.pdrequest import UpstreamError, decode_body, prefill
+from pdlab.pdrequest import decode_body, prefill_body
 from pdlab.router.metrics import RouterMetrics
 from pdlab.router.pool import Pool, Replica
 from pdlab.router.strategies import NEEDS_LOAD_METRICS, RequestFeatures, block_hashes, decide_path
@@ -83,15 +85,17 @@ class Router:
         self.metrics = RouterMetrics()
         self.metrics.threshold.set(self.settings.threshold)
         self.in_flight = 0
-        self.client: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(self.spec.upstream_timeout_s, connect=min(5.0, self.spec.upstream_timeout_s))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.spec.max_in_flight * 2)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        # No total timeout (a long generation is fine); bounded connect, and bounded silence between bytes.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(5.0, self.spec.upstream_timeout_s),
+                                        sock_read=self.spec.upstream_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False) as client:
             self.client = client
             scraper = asyncio.create_task(self._scrape_forever())
             try:
@@ -103,7 +107,8 @@ class Router:
                 self.client = None
 
     async def _scrape_forever(self) -> None:
-        async with httpx.AsyncClient() as client:  # its own connections: scrapes never queue behind requests
+        # Its own connections: scrapes never queue behind requests.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as client:
             while True:
                 for pool in (self.prefill_pool, self.decode_pool):
                     if pool.strategy_name in NEEDS_LOAD_METRICS:
@@ -178,8 +183,9 @@ class Router:
                     reply_headers[PREFILL_REPLICA_HEADER] = prefill_url
             reply_headers[PATH_HEADER] = path
             self.metrics.requests.labels(endpoint, path).inc()
-            forwarded = decode_body(body, kv_params) if kv_params is not None else body
-            response = await self._decode_leg(features, endpoint, forwarded, checked.stream, upstream_headers,
+            # The direct path forwards the client's bytes as they came; P/D adds the prefill's kv_transfer_params.
+            payload = json.dumps(decode_body(body, kv_params)).encode() if kv_params is not None else raw
+            response = await self._decode_leg(features, endpoint, payload, checked.stream, upstream_headers,
                                               reply_headers, path, arrived, request_id)
             handed_over = isinstance(response, StreamingResponse)
             return response
@@ -200,105 +206,119 @@ class Router:
         assert self.client is not None
         tried: set[str] = set()
         reason = "prefill_down"
+        payload = json.dumps(prefill_body(body)).encode()
         while (replica := self.prefill_pool.choose(features, exclude=tried)) is not None:
             tried.add(replica.url)
             self.metrics.choices.labels("prefill", self.prefill_pool.strategy_name, replica.url).inc()
             started = time.perf_counter()
             replica.in_flight += 1
             try:
-                answer = await prefill(self.client, replica.url, endpoint, body, headers)
-            except UpstreamError as error:
-                cause = error.__cause__
-                if 400 <= error.status_code < 500 and cause is None:
-                    self.metrics.upstream_errors.labels("prefill", f"http_{error.status_code}").inc()
-                    return _upstream_error_response(error.status_code, error.body)
-                kind = _error_kind(cause, error.status_code)
+                async with self.client.post(replica.url + endpoint, data=payload,
+                                            headers={**headers, "content-type": "application/json"}) as response:
+                    content = await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                kind = _error_kind(error)
                 self.metrics.upstream_errors.labels("prefill", kind).inc()
                 log.warning(json.dumps({"event": "prefill_failed", "replica": replica.url, "kind": kind,
-                                        "error": str(error)[:300]}))
-                if isinstance(cause, httpx.ConnectError):
+                                        "error": f"{type(error).__name__}: {error}"[:300]}))
+                if isinstance(error, aiohttp.ClientConnectorError):
                     Pool.mark_down(replica)
                     continue  # nothing was sent: another prefill replica may take it
                 reason = "prefill_error"
                 break
             finally:
                 replica.in_flight -= 1
+            if 400 <= status < 500:  # the request itself is wrong: the decode instance would refuse it too
+                self.metrics.upstream_errors.labels("prefill", f"http_{status}").inc()
+                return _upstream_error_response(status, content)
+            if status != 200:
+                self.metrics.upstream_errors.labels("prefill", f"http_{status}").inc()
+                log.warning(json.dumps({"event": "prefill_failed", "replica": replica.url, "kind": f"http_{status}",
+                                        "error": content[:300].decode(errors="replace")}))
+                reason = "prefill_error"
+                break
             self.metrics.prefill_seconds.observe(time.perf_counter() - started)
-            params = answer.get("kv_transfer_params")
+            try:
+                params = json.loads(content).get("kv_transfer_params")
+            except (ValueError, AttributeError):
+                self.metrics.upstream_errors.labels("prefill", "bad_json").inc()
+                reason = "prefill_error"
+                break
             self.metrics.kv_transfer_params.labels("yes" if params else "no").inc()
             return replica.url, params
         if fallback == "fail":
-            message = ("the prefill pool is down" if reason == "prefill_down" else "the prefill instance failed")
+            message = "the prefill pool is down" if reason == "prefill_down" else "the prefill instance failed"
             return error_response(RequestError(503 if reason == "prefill_down" else 502,
                                                f"{message} and the router's fallback policy is 'fail'", None,
                                                reason))
         self.metrics.fallbacks.labels(reason).inc()
         return None, None
 
-    async def _decode_leg(self, features: RequestFeatures, endpoint: str, body: dict[str, Any], stream: bool,
+    async def _decode_leg(self, features: RequestFeatures, endpoint: str, payload: bytes, stream: bool,
                           headers: dict[str, str], reply_headers: dict[str, str], path: str, arrived: float,
                           request_id: str) -> Response:
         assert self.client is not None
         tried: set[str] = set()
         last_error = ""
+        headers = {**headers, "content-type": "application/json"}
         while (replica := self.decode_pool.choose(features, exclude=tried)) is not None:
             tried.add(replica.url)
             self.metrics.choices.labels("decode", self.decode_pool.strategy_name, replica.url).inc()
             reply_headers[DECODE_REPLICA_HEADER] = replica.url
-            upstream_request = self.client.build_request("POST", replica.url + endpoint, json=body, headers=headers)
             replica.in_flight += 1
             try:
-                upstream = await self.client.send(upstream_request, stream=True)
-            except httpx.ConnectError as error:
+                upstream = await self.client.post(replica.url + endpoint, data=payload, headers=headers)
+            except aiohttp.ClientConnectorError as error:
                 replica.in_flight -= 1
                 self.metrics.upstream_errors.labels("decode", "connect").inc()
                 Pool.mark_down(replica)
                 last_error = f"cannot connect to decode instance {replica.url}: {error}"
-                continue
-            except httpx.HTTPError as error:
+                continue  # nothing was sent: another decode replica may take it
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 replica.in_flight -= 1
-                kind = _error_kind(error, 502)
+                kind = _error_kind(error)
                 self.metrics.upstream_errors.labels("decode", kind).inc()
-                status = 504 if kind == "timeout" else 502
-                return error_response(RequestError(status, f"decode instance {replica.url}: "
-                                                   f"{type(error).__name__}: {error}", None, kind), reply_headers)
-            if upstream.status_code != 200 or not stream:
+                return error_response(RequestError(504 if kind == "timeout" else 502, f"decode instance "
+                                                   f"{replica.url}: {type(error).__name__}: {error}", None, kind),
+                                      reply_headers)
+            if upstream.status != 200 or not stream:
                 try:
-                    content = await upstream.aread()
-                except httpx.HTTPError as error:
-                    kind = _error_kind(error, 502)
+                    content = await upstream.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                    kind = _error_kind(error)
                     self.metrics.upstream_errors.labels("decode", kind).inc()
                     return error_response(RequestError(504 if kind == "timeout" else 502,
                                                        f"decode instance {replica.url} failed mid-response: "
                                                        f"{type(error).__name__}: {error}", None, kind), reply_headers)
                 finally:
-                    await upstream.aclose()
+                    upstream.release()
                     replica.in_flight -= 1
-                if upstream.status_code != 200:
-                    self.metrics.upstream_errors.labels("decode", f"http_{upstream.status_code}").inc()
+                if upstream.status != 200:
+                    self.metrics.upstream_errors.labels("decode", f"http_{upstream.status}").inc()
                 else:
                     self.metrics.ttft.labels(path).observe(time.perf_counter() - arrived)
-                self._log(request_id, path, features, replica, upstream.status_code, arrived, None)
-                return Response(content, status_code=upstream.status_code, headers=reply_headers,
+                self._log(request_id, path, features, replica, upstream.status, arrived, None)
+                return Response(content, status_code=upstream.status, headers=reply_headers,
                                 media_type=upstream.headers.get("content-type", "application/json"))
             return StreamingResponse(self._relay(upstream, replica, path, arrived, request_id, features),
                                      media_type="text/event-stream", headers=reply_headers)
         return error_response(RequestError(503, f"no decode instance reachable ({last_error})", None,
                                            "decode_down"), reply_headers)
 
-    async def _relay(self, upstream: httpx.Response, replica: Replica, path: str, arrived: float, request_id: str,
-                     features: RequestFeatures) -> AsyncIterator[bytes]:
+    async def _relay(self, upstream: aiohttp.ClientResponse, replica: Replica, path: str, arrived: float,
+                     request_id: str, features: RequestFeatures) -> AsyncIterator[bytes]:
         """Pass the decode instance's SSE bytes through; if it dies mid-stream, end with an error event and
         `[DONE]` so the client sees a clean end instead of a hang or a truncated stream."""
         first_at = None
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in upstream.content.iter_any():
                 if first_at is None:
                     first_at = time.perf_counter()
                     self.metrics.ttft.labels(path).observe(first_at - arrived)
                 yield chunk
-        except httpx.HTTPError as error:
-            kind = _error_kind(error, 502)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            kind = _error_kind(error)
             self.metrics.upstream_errors.labels("decode", f"midstream_{kind}").inc()
             log.warning(json.dumps({"event": "decode_died", "request_id": request_id, "replica": replica.url,
                                     "error": f"{type(error).__name__}: {error}"[:300]}))
@@ -306,10 +326,10 @@ class Router:
                                f"{error}", None, f"upstream_{kind}")
             yield f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
         finally:
-            await upstream.aclose()
+            upstream.release()
             replica.in_flight -= 1
             self._release()
-            self._log(request_id, path, features, replica, upstream.status_code, arrived, first_at)
+            self._log(request_id, path, features, replica, upstream.status, arrived, first_at)
 
     def _log(self, request_id: str, path: str, features: RequestFeatures, decode: Replica, status: int,
              arrived: float, first_at: float | None) -> None:
@@ -373,20 +393,23 @@ class Router:
         return JSONResponse(settings.model_dump())
 
 
-def _error_kind(error: BaseException | None, status: int) -> str:
-    if isinstance(error, httpx.TimeoutException):
+def _error_kind(error: BaseException) -> str:
+    if isinstance(error, asyncio.TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
         return "timeout"
-    if isinstance(error, httpx.ConnectError):
+    if isinstance(error, aiohttp.ClientConnectorError):
         return "connect"
-    if isinstance(error, httpx.HTTPError):
-        return "transport"
-    return f"http_{status}"
+    return "transport"
 
 
-def _upstream_error_response(status: int, body: Any) -> Response:
+def _upstream_error_response(status: int, content: bytes) -> Response:
+    """An upstream's own error answer, passed on (wrapped in an error object if it is not one)."""
+    try:
+        body = json.loads(content)
+    except ValueError:
+        body = None
     if isinstance(body, dict) and "error" in body:
         return JSONResponse(body, status_code=status)
-    return JSONResponse(error_body(status, str(body)[:1000]), status_code=status)
+    return JSONResponse(error_body(status, content[:1000].decode(errors="replace")), status_code=status)
 
 
 def _model_context(model_dir: str) -> int:

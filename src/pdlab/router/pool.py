@@ -3,10 +3,11 @@ among them through a pure `RoutingStrategy`."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdlab.config.router import Strategy
@@ -69,14 +70,14 @@ class Pool:
     def mark_down(replica: Replica) -> None:
         replica.down_until = time.monotonic() + DOWN_COOLDOWN_S
 
-    async def scrape(self, client: httpx.AsyncClient, timeout_s: float = 1.0) -> None:
+    async def scrape(self, client: aiohttp.ClientSession) -> None:
         """Refresh vLLM's running/waiting gauges of every replica (None where the scrape fails)."""
         for replica in self.replicas:
             try:
-                response = await client.get(replica.url + "/metrics", timeout=timeout_s)
-                response.raise_for_status()
-                replica.running, replica.waiting = parse_load(response.text)
-            except (httpx.HTTPError, ValueError):
+                async with client.get(replica.url + "/metrics") as response:
+                    response.raise_for_status()
+                    replica.running, replica.waiting = parse_load(await response.text())
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
                 replica.running = replica.waiting = None
 
 
