@@ -7,7 +7,6 @@ import json
 
 import httpx
 import pytest
-from router_processes import MODEL, metric, router, standin, url
 
 from pdlab.model import resolve
 from pdlab.router.tokens import PromptTokenizer
@@ -18,6 +17,7 @@ from pdlab.settings import (
     PREFILL_REPLICA_HEADER,
     PROMPT_TOKENS_HEADER,
 )
+from router_processes import MODEL, metric, router, standin, url
 
 PREFILL, DECODE, ROUTER = 18101, 18102, 18103
 TOKEN = "test-admin-token"

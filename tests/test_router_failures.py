@@ -8,10 +8,10 @@ import json
 
 import httpx
 import pytest
-from router_processes import MODEL, metric, router, standin, url
 
 from pdlab.model import resolve
 from pdlab.settings import ADMIN_TOKEN_ENV, PATH_HEADER
+from router_processes import MODEL, metric, router, standin, url
 
 TOKEN = "failure-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
