@@ -209,7 +209,7 @@ class Router:
         payload = json.dumps(prefill_body(body)).encode()
         while (replica := self.prefill_pool.choose(features, exclude=tried)) is not None:
             tried.add(replica.url)
-            self.metrics.choices.labels("prefill", self.prefill_pool.strategy_name, replica.url).inc()
+            self.metrics.chose(self.prefill_pool, replica.url)
             started = time.perf_counter()
             replica.in_flight += 1
             try:
@@ -264,7 +264,7 @@ class Router:
         headers = {**headers, "content-type": "application/json"}
         while (replica := self.decode_pool.choose(features, exclude=tried)) is not None:
             tried.add(replica.url)
-            self.metrics.choices.labels("decode", self.decode_pool.strategy_name, replica.url).inc()
+            self.metrics.chose(self.decode_pool, replica.url)
             reply_headers[DECODE_REPLICA_HEADER] = replica.url
             replica.in_flight += 1
             try:

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import httpx
 import numpy as np
+import psutil
 import uvloop
 from rich.console import Console
 
@@ -123,6 +124,14 @@ def _measure(url: str, concurrency: int, requests: int, warmup: int, max_tokens:
         return runner.run(_load(url, concurrency, requests, warmup, max_tokens))
 
 
+def _cpu_seconds(proc: subprocess.Popen | None) -> float:
+    """User + system CPU time of a process: what the router costs per request, whatever the contention."""
+    if proc is None:
+        return 0.0
+    times = psutil.Process(proc.pid).cpu_times()
+    return times.user + times.system
+
+
 def _set_threshold(router_url: str, token: str, threshold: int) -> None:
     response = httpx.put(f"{router_url}/admin/config", json={"threshold": threshold},
                          headers={"Authorization": f"Bearer {token}"}, timeout=5.0)
@@ -160,6 +169,7 @@ def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tok
                 "vllm_router": "client -> vllm-router --vllm-pd-disaggregation --kv-connector nixl --policy "
                                "round_robin (prefill stand-in, then decode stand-in)",
             },
+            "router_cpu_ms_per_request": "user+system CPU of the router process per request (contention-free cost)",
             "client": "aiohttp (uvloop), closed loop, in the benchmark process; everything shares this machine's cores",
         },
         "reference": REFERENCE,
@@ -195,8 +205,13 @@ def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tok
             for name, url in targets.items():
                 if name.startswith("pdlab"):
                     _set_threshold(router_url, token, 1_000_000 if name == "pdlab_direct_path" else 0)
+                router_proc = procs.get(name.removesuffix("_direct_path"), (None, None))[0]
                 with console.status(f"concurrency {concurrency}: {name} ({requests} requests) ..."):
+                    cpu_before = _cpu_seconds(router_proc)
                     point[name] = _measure(url, concurrency, requests, warmup, max_tokens)
+                    if router_proc is not None:  # includes the warm-up requests: divide by all of them
+                        cpu_ms = (_cpu_seconds(router_proc) - cpu_before) * 1e3 / (requests + warmup)
+                        point[name]["router_cpu_ms_per_request"] = round(cpu_ms, 3)
                 console.print(f"c={concurrency} {name:18s} ttfb p50 {point[name]['ttfb_ms']['p50']:7.3f} ms  "
                               f"p99 {point[name]['ttfb_ms']['p99']:7.3f} ms  {point[name]['rps']:8.1f} req/s")
             result["concurrency"][str(concurrency)] = point

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from pdlab.router.pool import Pool
 
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -36,3 +40,12 @@ class RouterMetrics:
                                        buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768), registry=r)
         self.in_flight = Gauge("pdlab_router_in_flight", "Generation requests in flight at the router", registry=r)
         self.threshold = Gauge("pdlab_router_threshold_tokens", "The routing threshold in force", registry=r)
+        self._choice_children: dict[tuple[str, str, str], Counter] = {}
+
+    def chose(self, pool: Pool, url: str) -> None:
+        """Count a replica choice (label lookups cached: this is on every request's path)."""
+        key = (pool.role, pool.strategy_name, url)
+        child = self._choice_children.get(key)
+        if child is None:
+            child = self._choice_children[key] = self.choices.labels(*key)
+        child.inc()
