@@ -95,7 +95,8 @@ class Router:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(5.0, self.spec.upstream_timeout_s),
                                         sock_read=self.spec.upstream_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False) as client:
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
+                                         cookie_jar=aiohttp.DummyCookieJar()) as client:  # upstreams set no cookies
             self.client = client
             scraper = asyncio.create_task(self._scrape_forever())
             try:

@@ -1,9 +1,10 @@
 """Router overhead, side by side in one run: a streaming client straight to a fast stand-in upstream ("direct"),
 through the pdlab router, and through the Rust `vllm-router` (when installed), at concurrency 1 and 8.
 
-Both routers run in P/D mode (threshold 0: every request is prefilled on one stand-in, then decoded on another),
-the protocol they exist for; "direct" sends the same request straight to the decode stand-in. The pdlab router is
-also measured on its direct path (threshold above any prompt: one upstream call, like "direct").
+Like is compared with like. `pdlab` and `vllm_router`: both routers in P/D mode (pdlab with threshold 0), every
+request prefilled on one stand-in, then decoded on another (two upstream calls). `pdlab_direct_path` and
+`vllm_router_direct_path`: one upstream call (pdlab with a threshold above the prompt; vllm-router in its regular
+mode). "direct" sends the same request straight to the decode stand-in.
 Stand-ins answer instantly (`--token-ms 0`), so what differs between targets is the router's cost.
 """
 
@@ -78,7 +79,8 @@ def vllm_router_executable() -> str | None:
     return str(beside) if beside.exists() else shutil.which("vllm-router")
 
 
-async def _load(url: str, concurrency: int, requests: int, warmup: int, max_tokens: int) -> dict[str, Any]:
+async def _load(url: str, concurrency: int, requests: int, warmup: int, max_tokens: int
+                ) -> tuple[list[float], float]:
     """Closed-loop streaming load: `concurrency` workers, each sending its next request when the last ends.
     TTFB is from sending the request to the first body chunk (the first SSE event)."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True}
@@ -111,17 +113,21 @@ async def _load(url: str, concurrency: int, requests: int, warmup: int, max_toke
             return samples, time.perf_counter() - started
 
         await phase(warmup)
-        samples, elapsed = await phase(requests)
+        return await phase(requests)
+
+
+def _measure(url: str, concurrency: int, requests: int, warmup: int, max_tokens: int) -> tuple[list[float], float]:
+    """TTFB samples (s) of `requests` measured requests, and the seconds they took."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_load(url, concurrency, requests, warmup, max_tokens))
+
+
+def _stats(samples: list[float], elapsed: float) -> dict[str, Any]:
     ttfb_ms = np.array(samples) * 1e3
     return {"ttfb_ms": {"p50": round(float(np.percentile(ttfb_ms, 50)), 3),
                         "p99": round(float(np.percentile(ttfb_ms, 99)), 3),
                         "mean": round(float(ttfb_ms.mean()), 3)},
-            "rps": round(requests / elapsed, 1), "requests": requests}
-
-
-def _measure(url: str, concurrency: int, requests: int, warmup: int, max_tokens: int) -> dict[str, Any]:
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_load(url, concurrency, requests, warmup, max_tokens))
+            "rps": round(len(samples) / elapsed, 1), "requests": len(samples)}
 
 
 def _cpu_seconds(proc: subprocess.Popen | None) -> float:
@@ -138,8 +144,8 @@ def _set_threshold(router_url: str, token: str, threshold: int) -> None:
     response.raise_for_status()
 
 
-def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tokens: int = 4, base_port: int = 18500,
-                     save: bool = True, console: Console | None = None) -> dict[str, Any]:
+def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tokens: int = 4, base_port: int = 18500,
+                     save: bool = True, rounds: int = 5, console: Console | None = None) -> dict[str, Any]:
     """Start the stand-ins and routers, measure every target at each concurrency, write `out/router-overhead.json`
     (and a copy under data/results/ when `save`). Returns the result."""
     from pdlab.model import resolve
@@ -147,9 +153,11 @@ def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tok
     console = console or Console(stderr=True)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = resolve(MODEL)
-    prefill_port, decode_port, router_port, vr_port, vr_metrics_port = (base_port + i for i in range(5))
+    prefill_port, decode_port, router_port, vr_port, vr_metrics_port, vr_direct_port, vr_direct_metrics_port = (
+        base_port + i for i in range(7))
     prefill_url, decode_url = f"http://{HOST}:{prefill_port}", f"http://{HOST}:{decode_port}"
     router_url, vr_url = f"http://{HOST}:{router_port}", f"http://{HOST}:{vr_port}"
+    vr_direct_url = f"http://{HOST}:{vr_direct_port}"
     token = os.urandom(12).hex()
     standin = [sys.executable, "-m", "pdlab.standin", "--host", HOST, "--model", MODEL, "--token-ms", "0"]
     pdlab_argv = router_command(RouterSpec(port=router_port, threshold=0), [prefill_url], [decode_url], MODEL,
@@ -161,13 +169,15 @@ def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tok
             "upstream": "pdlab.standin --token-ms 0 (streams max_tokens SSE events at once)",
             "request": {"endpoint": "/v1/completions", "stream": True, "max_tokens": max_tokens,
                         "prompt_words": len(PROMPT.split())},
-            "requests_per_point": requests, "warmup_per_point": warmup,
+            "requests_per_point": requests, "warmup_per_point": warmup, "interleaved_rounds": rounds,
             "targets": {
                 "direct": "client -> decode stand-in",
                 "pdlab": "client -> pdlab router (threshold 0: prefill stand-in, then decode stand-in)",
                 "pdlab_direct_path": "client -> pdlab router (threshold above the prompt: decode stand-in only)",
                 "vllm_router": "client -> vllm-router --vllm-pd-disaggregation --kv-connector nixl --policy "
                                "round_robin (prefill stand-in, then decode stand-in)",
+                "vllm_router_direct_path": "client -> vllm-router --worker-urls (regular mode): decode stand-in "
+                                           "only",
             },
             "router_cpu_ms_per_request": "user+system CPU of the router process per request (contention-free cost)",
             "client": "aiohttp (uvloop), closed loop, in the benchmark process; everything shares this machine's cores",
@@ -189,9 +199,17 @@ def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tok
             vr_argv = [vr_exe, "--vllm-pd-disaggregation", "--prefill", prefill_url, "--decode", decode_url,
                        "--kv-connector", "nixl", "--policy", "round_robin", "--host", HOST, "--port", str(vr_port),
                        "--prometheus-port", str(vr_metrics_port), "--log-level", "warning"]
+            # Its regular (non-P/D) mode in front of the decode stand-in: the like-for-like peer of pdlab's direct path.
+            vr_direct_argv = [vr_exe, "--worker-urls", decode_url, "--policy", "round_robin", "--host", HOST,
+                              "--port", str(vr_direct_port), "--prometheus-port", str(vr_direct_metrics_port),
+                              "--log-level", "warning"]
             result["setup"]["vllm_router_argv"] = [Path(vr_argv[0]).name, *vr_argv[1:]]
+            result["setup"]["vllm_router_direct_path_argv"] = [Path(vr_exe).name, *vr_direct_argv[1:]]
             procs["vllm_router"] = (stack.enter_context(_process(vr_argv, out / "vllm-router.log")),
                                     f"{vr_url}/health")
+            procs["vllm_router_direct_path"] = (
+                stack.enter_context(_process(vr_direct_argv, out / "vllm-router-direct.log")),
+                f"{vr_direct_url}/health")
         else:
             result["setup"]["vllm_router"] = "not installed (pip install vllm-router): not measured"
         with console.status("starting stand-ins and routers ..."):
@@ -200,18 +218,31 @@ def run_router_bench(out: Path, requests: int = 1000, warmup: int = 100, max_tok
         targets = {"direct": decode_url, "pdlab": router_url, "pdlab_direct_path": router_url}
         if vr_exe:
             targets["vllm_router"] = vr_url
+            targets["vllm_router_direct_path"] = vr_direct_url
         for concurrency in CONCURRENCIES:
+            # Interleaved rounds: every target gets a slice of each stretch of time, so a burst of load from
+            # elsewhere on the machine does not land on one target only.
+            samples: dict[str, list[float]] = {name: [] for name in targets}
+            elapsed = dict.fromkeys(targets, 0.0)
+            cpu = dict.fromkeys(targets, 0.0)
+            per_round = max(1, requests // rounds)
+            for round_no in range(rounds):
+                for name, url in targets.items():
+                    if name.startswith("pdlab"):
+                        _set_threshold(router_url, token, 1_000_000 if name == "pdlab_direct_path" else 0)
+                    router_proc = procs.get("pdlab" if name.startswith("pdlab") else name, (None, None))[0]
+                    with console.status(f"concurrency {concurrency}, round {round_no + 1}/{rounds}: {name} ..."):
+                        cpu_before = _cpu_seconds(router_proc)
+                        got, took = _measure(url, concurrency, per_round, warmup if round_no == 0 else 0,
+                                             max_tokens)
+                        cpu[name] += _cpu_seconds(router_proc) - cpu_before
+                    samples[name] += got
+                    elapsed[name] += took
             point: dict[str, Any] = {}
-            for name, url in targets.items():
-                if name.startswith("pdlab"):
-                    _set_threshold(router_url, token, 1_000_000 if name == "pdlab_direct_path" else 0)
-                router_proc = procs.get(name.removesuffix("_direct_path"), (None, None))[0]
-                with console.status(f"concurrency {concurrency}: {name} ({requests} requests) ..."):
-                    cpu_before = _cpu_seconds(router_proc)
-                    point[name] = _measure(url, concurrency, requests, warmup, max_tokens)
-                    if router_proc is not None:  # includes the warm-up requests: divide by all of them
-                        cpu_ms = (_cpu_seconds(router_proc) - cpu_before) * 1e3 / (requests + warmup)
-                        point[name]["router_cpu_ms_per_request"] = round(cpu_ms, 3)
+            for name in targets:
+                point[name] = _stats(samples[name], elapsed[name])
+                if name != "direct":  # includes the warm-up requests: divide by all of them
+                    point[name]["router_cpu_ms_per_request"] = round(cpu[name] * 1e3 / (len(samples[name]) + warmup), 3)
                 console.print(f"c={concurrency} {name:18s} ttfb p50 {point[name]['ttfb_ms']['p50']:7.3f} ms  "
                               f"p99 {point[name]['ttfb_ms']['p99']:7.3f} ms  {point[name]['rps']:8.1f} req/s")
             result["concurrency"][str(concurrency)] = point
@@ -231,7 +262,7 @@ def _summary(points: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Overhead relative to direct: added TTFB p50 at concurrency 1, throughput kept at concurrency 8."""
     summary: dict[str, Any] = {}
     c1, c8 = points.get("1", {}), points.get("8", {})
-    for name in ("pdlab", "pdlab_direct_path", "vllm_router"):
+    for name in ("pdlab", "vllm_router", "pdlab_direct_path", "vllm_router_direct_path"):
         entry: dict[str, Any] = {}
         if name in c1 and "direct" in c1:
             entry["added_ttfb_p50_ms_at_c1"] = round(c1[name]["ttfb_ms"]["p50"] - c1["direct"]["ttfb_ms"]["p50"], 3)

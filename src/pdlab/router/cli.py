@@ -69,19 +69,21 @@ def serve(
     upstreams = Upstreams(prefill_urls=prefill, decode_urls=decode, served_model=model,
                           tokenizer_dir=str(tokenizer), max_model_len=max_model_len, block_size=block_size)
     uvicorn.run(build_app(spec, upstreams), host=spec.host, port=spec.port, log_level="warning",
-                access_log=False, loop="uvloop", http="httptools")
+                access_log=False, loop="uvloop", http="httptools", proxy_headers=False, server_header=False,
+                timeout_graceful_shutdown=5)  # a launcher stopping us must not wait on open streams
 
 
 def bench(
     out: Path = typer.Option(Path("runs/bench-router"), "--out", help="Directory for the result JSON."),
-    requests: int = typer.Option(1000, help="Measured requests per target and concurrency."),
+    requests: int = typer.Option(2000, help="Measured requests per target and concurrency."),
+    rounds: int = typer.Option(5, min=1, help="Interleaved rounds the requests are split into."),
     warmup: int = typer.Option(100, help="Unmeasured requests first, per target and concurrency."),
     max_tokens: int = typer.Option(4, help="Tokens per streamed answer."),
-    base_port: int = typer.Option(18500, help="First of the loopback ports the benchmark uses (8 in all)."),
+    base_port: int = typer.Option(18500, help="First of the loopback ports the benchmark uses (7 in all)."),
     save: bool = typer.Option(True, help="Also write a copy to data/results/router-overhead.json."),
 ) -> None:
     """Router overhead: direct vs pdlab router vs vllm-router, side by side, against fast stand-in upstreams."""
     from pdlab.router.bench import run_router_bench
 
     run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
-                     save=save, console=console)
+                     save=save, rounds=rounds, console=console)
