@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -111,3 +112,23 @@ def test_backpressure_503_with_retry_after(tmp_path, model_dir):
         assert refused.json()["error"]["code"] == "overloaded"
         assert metric(base, "pdlab_router_rejected_total", reason="overloaded") == 1
         assert httpx.post(base + "/v1/completions", json={**BODY, "max_tokens": 1}, timeout=10).status_code == 200
+
+
+def test_client_disconnect_aborts_the_upstream_stream(tmp_path, model_dir):
+    with standin(18122, tmp_path, "--token-ms", "200"), router(18123, tmp_path, model_dir, [], [18122]):
+        base = url(18123)
+        with httpx.stream("POST", base + "/v1/completions", json={**BODY, "max_tokens": 100, "stream": True},
+                          timeout=10) as response:
+            chunks = response.iter_raw()
+            next(chunks), next(chunks)
+            assert metric(url(18122), "vllm:num_requests_running", model_name=MODEL) == 1
+        # Leaving the block closed the connection after one token of a 20-second answer.
+        deadline = time.monotonic() + 5
+        while metric(base, "pdlab_router_client_disconnects_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(base, "pdlab_router_client_disconnects_total") == 1
+        assert metric(base, "pdlab_router_in_flight") == 0
+        while metric(url(18122), "vllm:num_requests_running", model_name=MODEL) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(url(18122), "vllm:num_requests_running", model_name=MODEL) == 0  # upstream aborted too
+        assert metric(base, "pdlab_router_upstream_errors_total", stage="decode", kind="midstream_transport") == 0

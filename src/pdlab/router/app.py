@@ -26,8 +26,9 @@ import aiohttp
 from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from pdlab.config.base import ConfigError, validate
 from pdlab.config.router import RouterSettings, RouterSpec
@@ -188,7 +189,7 @@ class Router:
             payload = json.dumps(decode_body(body, kv_params)).encode() if kv_params is not None else raw
             response = await self._decode_leg(features, endpoint, payload, checked.stream, upstream_headers,
                                               reply_headers, path, arrived, request_id)
-            handed_over = isinstance(response, StreamingResponse)
+            handed_over = isinstance(response, RelayResponse)
             return response
         finally:
             if not handed_over:
@@ -302,13 +303,14 @@ class Router:
                 self._log(request_id, path, features, replica, upstream.status, arrived, None)
                 return Response(content, status_code=upstream.status, headers=reply_headers,
                                 media_type=upstream.headers.get("content-type", "application/json"))
-            return StreamingResponse(self._relay(upstream, replica, path, arrived, request_id, features),
-                                     media_type="text/event-stream", headers=reply_headers)
+            client_gone = asyncio.Event()
+            return RelayResponse(self._relay(upstream, replica, path, arrived, request_id, features, client_gone),
+                                 upstream, client_gone, reply_headers)
         return error_response(RequestError(503, f"no decode instance reachable ({last_error})", None,
                                            "decode_down"), reply_headers)
 
     async def _relay(self, upstream: aiohttp.ClientResponse, replica: Replica, path: str, arrived: float,
-                     request_id: str, features: RequestFeatures) -> AsyncIterator[bytes]:
+                     request_id: str, features: RequestFeatures, client_gone: asyncio.Event) -> AsyncIterator[bytes]:
         """Pass the decode instance's SSE bytes through; if it dies mid-stream, end with an error event and
         `[DONE]` so the client sees a clean end instead of a hang or a truncated stream."""
         first_at = None
@@ -319,6 +321,9 @@ class Router:
                     self.metrics.ttft.labels(path).observe(first_at - arrived)
                 yield chunk
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            if client_gone.is_set():  # we closed the upstream ourselves: nobody is listening any more
+                self.metrics.client_disconnects.inc()
+                return
             kind = _error_kind(error)
             self.metrics.upstream_errors.labels("decode", f"midstream_{kind}").inc()
             log.warning(json.dumps({"event": "decode_died", "request_id": request_id, "replica": replica.url,
@@ -392,6 +397,40 @@ class Router:
         self.metrics.threshold.set(settings.threshold)
         log.info(json.dumps({"event": "config", **settings.model_dump()}))
         return JSONResponse(settings.model_dump())
+
+
+class RelayResponse(Response):
+    """A streamed pass-through of an upstream SSE answer. Unlike starlette's StreamingResponse it watches for the
+    client's disconnect with one plain asyncio task instead of an anyio task group (half the router's CPU per
+    streamed request went there); on disconnect it closes the upstream connection, so vLLM aborts the request."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], upstream: aiohttp.ClientResponse, client_gone: asyncio.Event,
+                 headers: dict[str, str]):
+        self.chunks = chunks
+        self.upstream = upstream
+        self.client_gone = client_gone
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.client_gone.set()
+            self.upstream.close()  # ends the relay loop below
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
 
 
 def _error_kind(error: BaseException) -> str:

@@ -38,6 +38,8 @@ class RouterMetrics:
                                          buckets=_TTFT_BUCKETS, registry=r)
         self.prompt_tokens = Histogram("pdlab_router_prompt_tokens", "Prompt tokens as counted by the router",
                                        buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768), registry=r)
+        self.client_disconnects = Counter("pdlab_router_client_disconnects", "Streams the client left before the "
+                                          "end (the upstream request was closed, so vLLM aborts it)", registry=r)
         self.in_flight = Gauge("pdlab_router_in_flight", "Generation requests in flight at the router", registry=r)
         self.threshold = Gauge("pdlab_router_threshold_tokens", "The routing threshold in force", registry=r)
         self._choice_children: dict[tuple[str, str, str], Counter] = {}
