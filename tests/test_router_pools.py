@@ -12,7 +12,7 @@ from pdlab.config.router import RouterSpec
 from pdlab.model import resolve
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV, DECODE_REPLICA_HEADER
-from router_processes import MODEL, router, standin, url
+from router_processes import MODEL, metric, router, standin, url
 
 TOKEN = "pools-token"
 BODY = {"model": MODEL, "prompt": "short", "max_tokens": 2}
@@ -62,8 +62,30 @@ def test_router_stops_promptly_with_a_stream_open(tmp_path, model_dir):
     with standin(18134, tmp_path, "--token-ms", "1000"), router(18135, tmp_path, model_dir, [], [18134]) as proc:
         with httpx.stream("POST", url(18135) + "/v1/completions", json={**BODY, "max_tokens": 30, "stream": True},
                           timeout=30) as response:
-            next(response.iter_raw())  # the stream is open and flowing
+            reader = response.iter_raw()  # kept: a dropped iterator would close the stream
+            next(reader)  # the stream is open and flowing
+            assert metric(url(18134), "vllm:num_requests_running", model_name=MODEL) == 1
             started = time.monotonic()
             proc.terminate()
             proc.wait(timeout=15)
         assert time.monotonic() - started < 10
+
+
+def test_leastloaded_sees_load_that_bypasses_the_router(tmp_path, model_dir):
+    """Requests sent to a replica directly (not through the router) show up in its scraped vLLM gauges."""
+    with standin(18136, tmp_path, "--token-ms", "100"), standin(18137, tmp_path, "--token-ms", "100"), \
+            router(18138, tmp_path, model_dir, [], [18136, 18137], decode_strategy="leastloaded"):
+        busy = [httpx.stream("POST", url(18136) + "/v1/completions", timeout=30,
+                             json={**BODY, "max_tokens": 60, "stream": True}) for _ in range(3)]
+        streams = [b.__enter__() for b in busy]
+        try:
+            readers = [s.iter_raw() for s in streams]  # keep them: a dropped iterator closes its stream
+            for reader in readers:
+                next(reader)
+            time.sleep(1.5)  # more than one scrape interval
+            chosen = {httpx.post(url(18138) + "/v1/completions", json=BODY, timeout=10).headers[DECODE_REPLICA_HEADER]
+                      for _ in range(4)}
+            assert chosen == {url(18137)}
+        finally:
+            for b in busy:
+                b.__exit__(None, None, None)
