@@ -17,8 +17,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -303,39 +303,44 @@ class Router:
                 self._log(request_id, path, features, replica, upstream.status, arrived, None)
                 return Response(content, status_code=upstream.status, headers=reply_headers,
                                 media_type=upstream.headers.get("content-type", "application/json"))
-            client_gone = asyncio.Event()
-            return RelayResponse(self._relay(upstream, replica, path, arrived, request_id, features, client_gone),
-                                 upstream, client_gone, reply_headers)
+            stream_state = RelayedStream(upstream, replica, path, arrived, request_id, features)
+            return RelayResponse(self._relay(stream_state), stream_state, self._finish, reply_headers)
         return error_response(RequestError(503, f"no decode instance reachable ({last_error})", None,
                                            "decode_down"), reply_headers)
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, replica: Replica, path: str, arrived: float,
-                     request_id: str, features: RequestFeatures, client_gone: asyncio.Event) -> AsyncIterator[bytes]:
+    async def _relay(self, stream: RelayedStream) -> AsyncIterator[bytes]:
         """Pass the decode instance's SSE bytes through; if it dies mid-stream, end with an error event and
         `[DONE]` so the client sees a clean end instead of a hang or a truncated stream."""
-        first_at = None
         try:
-            async for chunk in upstream.content.iter_any():
-                if first_at is None:
-                    first_at = time.perf_counter()
-                    self.metrics.ttft.labels(path).observe(first_at - arrived)
+            async for chunk in stream.upstream.content.iter_any():
+                if stream.first_at is None:
+                    stream.first_at = time.perf_counter()
+                    self.metrics.ttft.labels(stream.path).observe(stream.first_at - stream.arrived)
                 yield chunk
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            if client_gone.is_set():  # we closed the upstream ourselves: nobody is listening any more
-                self.metrics.client_disconnects.inc()
+            if stream.client_gone.is_set():  # we closed the upstream ourselves: nobody is listening any more
                 return
             kind = _error_kind(error)
+            url = stream.replica.url
             self.metrics.upstream_errors.labels("decode", f"midstream_{kind}").inc()
-            log.warning(json.dumps({"event": "decode_died", "request_id": request_id, "replica": replica.url,
+            log.warning(json.dumps({"event": "decode_died", "request_id": stream.request_id, "replica": url,
                                     "error": f"{type(error).__name__}: {error}"[:300]}))
-            event = error_body(502, f"decode instance {replica.url} failed mid-stream: {type(error).__name__}: "
-                               f"{error}", None, f"upstream_{kind}")
+            event = error_body(502, f"decode instance {url} failed mid-stream: {type(error).__name__}: {error}",
+                               None, f"upstream_{kind}")
             yield f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
-        finally:
-            upstream.release()
-            replica.in_flight -= 1
-            self._release()
-            self._log(request_id, path, features, replica, upstream.status, arrived, first_at)
+
+    def _finish(self, stream: RelayedStream) -> None:
+        """Release everything a relayed stream held, once, however it ended (even if it never started)."""
+        if stream.finished:
+            return
+        stream.finished = True
+        stream.upstream.release()
+        stream.replica.in_flight -= 1
+        self._release()
+        if stream.client_gone.is_set():
+            self.metrics.client_disconnects.inc()
+        self._log(stream.request_id, stream.path, stream.features, stream.replica, stream.upstream.status,
+                  stream.arrived, stream.first_at)
 
     def _log(self, request_id: str, path: str, features: RequestFeatures, decode: Replica, status: int,
              arrived: float, first_at: float | None) -> None:
@@ -399,6 +404,21 @@ class Router:
         return JSONResponse(settings.model_dump())
 
 
+@dataclass
+class RelayedStream:
+    """One relayed SSE stream: what the relay generator, the response sending it, and the clean-up share."""
+
+    upstream: aiohttp.ClientResponse
+    replica: Replica
+    path: str
+    arrived: float
+    request_id: str
+    features: RequestFeatures
+    client_gone: asyncio.Event = field(default_factory=asyncio.Event)
+    first_at: float | None = None
+    finished: bool = False
+
+
 class RelayResponse(Response):
     """A streamed pass-through of an upstream SSE answer. Unlike starlette's StreamingResponse it watches for the
     client's disconnect with one plain asyncio task instead of an anyio task group (half the router's CPU per
@@ -406,11 +426,11 @@ class RelayResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes], upstream: aiohttp.ClientResponse, client_gone: asyncio.Event,
-                 headers: dict[str, str]):
+    def __init__(self, chunks: AsyncIterator[bytes], stream: RelayedStream,
+                 finish: Callable[[RelayedStream], None], headers: dict[str, str]):
         self.chunks = chunks
-        self.upstream = upstream
-        self.client_gone = client_gone
+        self.stream = stream
+        self.finish = finish
         self.status_code = 200
         self.background = None
         self.init_headers(headers)
@@ -419,8 +439,8 @@ class RelayResponse(Response):
         async def watch_disconnect() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass
-            self.client_gone.set()
-            self.upstream.close()  # ends the relay loop below
+            self.stream.client_gone.set()
+            self.stream.upstream.close()  # ends the relay loop below
 
         watcher = asyncio.create_task(watch_disconnect())
         try:
@@ -431,6 +451,7 @@ class RelayResponse(Response):
         finally:
             watcher.cancel()
             await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
+            self.finish(self.stream)
 
 
 def _error_kind(error: BaseException) -> str:
