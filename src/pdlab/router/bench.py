@@ -118,8 +118,7 @@ async def _load(url: str, concurrency: int, requests: int, warmup: int, max_toke
 
 def _measure(url: str, concurrency: int, requests: int, warmup: int, max_tokens: int) -> tuple[list[float], float]:
     """TTFB samples (s) of `requests` measured requests, and the seconds they took."""
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_load(url, concurrency, requests, warmup, max_tokens))
+    return uvloop.run(_load(url, concurrency, requests, warmup, max_tokens))
 
 
 def _stats(samples: list[float], elapsed: float) -> dict[str, Any]:
