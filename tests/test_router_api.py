@@ -17,7 +17,7 @@ from pdlab.settings import (
     PREFILL_REPLICA_HEADER,
     PROMPT_TOKENS_HEADER,
 )
-from router_processes import MODEL, metric, router, standin, url
+from tests.router_processes import MODEL, metric, router, standin, url
 
 PREFILL, DECODE, ROUTER = 18101, 18102, 18103
 TOKEN = "test-admin-token"

@@ -12,7 +12,7 @@ import pytest
 
 from pdlab.model import resolve
 from pdlab.settings import ADMIN_TOKEN_ENV, PATH_HEADER
-from router_processes import MODEL, metric, router, standin, url
+from tests.router_processes import MODEL, metric, router, standin, url
 
 TOKEN = "failure-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,7 +12,7 @@ from pdlab.config.router import RouterSpec
 from pdlab.model import resolve
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV, DECODE_REPLICA_HEADER
-from router_processes import MODEL, metric, router, standin, url
+from tests.router_processes import MODEL, metric, router, standin, url
 
 TOKEN = "pools-token"
 BODY = {"model": MODEL, "prompt": "short", "max_tokens": 2}
