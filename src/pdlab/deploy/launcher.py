@@ -27,7 +27,7 @@ from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.deploy import state
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
-from pdlab.deploy.process import ManagedProcess
+from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads
 from pdlab.settings import ADMIN_TOKEN_ENV, DEFAULT_STARTUP_TIMEOUT_S, runs_dir
 
 
@@ -175,6 +175,11 @@ class Deployment:
             for plan in plans:
                 self.instances.append(RunningInstance(plan.spec, self._spawn(plan.name, plan.argv, plan.env)))
             self._wait_healthy([(i.name, i.url, i.process) for i in self.instances])
+            for inst in self.instances:
+                if inst.spec.role != "colocated":
+                    calmed = deprioritize_spinning_threads(inst.pid)
+                    with open(inst.log_path, "a") as log:
+                        log.write(f"[pdlab] lowered the priority of spinning threads {calmed} (NIXL progress)\n")
             if self.spec.router is not None:
                 self._start_router()
             self.started_s = time.monotonic() - start

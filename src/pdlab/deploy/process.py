@@ -144,6 +144,37 @@ def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0, gr
         psutil.wait_procs(alive, timeout=5)
 
 
+def deprioritize_spinning_threads(pid: int, window_s: float = 0.5, busy_share: float = 0.5) -> list[int]:
+    """Give threads that spin while the server is idle the lowest priority (nice 19); returns their thread ids.
+
+    Why: vLLM's NixlConnector creates its NIXL agent with the progress thread on, and NIXL's Python API sets that
+    thread's poll delay to zero, so on an idle instance it busy-polls a whole core. vLLM has no setting for
+    either. On a laptop where each instance owns one core, that thread halves the instance's compute and adds
+    scheduling delay to every decode step. At nice 19 it still runs whenever the core is otherwise free (KV
+    transfers keep progressing between engine steps) but yields to the engine's compute."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    before: dict[tuple[int, int], float] = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            for thread in proc.threads():
+                before[(proc.pid, thread.id)] = thread.user_time + thread.system_time
+    time.sleep(window_s)
+    calmed = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            for thread in proc.threads():
+                used = thread.user_time + thread.system_time - before.get((proc.pid, thread.id), 0.0)
+                if thread.id != proc.pid and used > busy_share * window_s:
+                    with contextlib.suppress(OSError):
+                        os.setpriority(os.PRIO_PROCESS, thread.id, 19)
+                        calmed.append(thread.id)
+    return calmed
+
+
 def _signal_all(pgid: int, procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
