@@ -27,7 +27,7 @@ from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.deploy import state
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
-from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads
+from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
 from pdlab.settings import ADMIN_TOKEN_ENV, DEFAULT_STARTUP_TIMEOUT_S, runs_dir
 
 
@@ -177,9 +177,7 @@ class Deployment:
             self._wait_healthy([(i.name, i.url, i.process) for i in self.instances])
             for inst in self.instances:
                 if inst.spec.role != "colocated":
-                    calmed = deprioritize_spinning_threads(inst.pid)
-                    with open(inst.log_path, "a") as log:
-                        log.write(f"[pdlab] lowered the priority of spinning threads {calmed} (NIXL progress)\n")
+                    self._settle_nixl_threads(inst)
             if self.spec.router is not None:
                 self._start_router()
             self.started_s = time.monotonic() - start
@@ -209,6 +207,16 @@ class Deployment:
                     plan.argv = self.netlab.exec_prefix(plan.spec.node) + plan.argv
                     plan.env.update(self.netlab.env(plan.spec.node, spec.connector.ucx_tls))
         return plans
+
+    @staticmethod
+    def _settle_nixl_threads(inst: RunningInstance) -> None:
+        """Undo two side effects of vLLM's NixlConnector on CPU that pdlab cannot configure away (see
+        pin_process_tree and deprioritize_spinning_threads), and say so in the instance's log."""
+        moved = pin_process_tree(inst.pid, inst.spec.cores) if inst.spec.cores else []
+        calmed = deprioritize_spinning_threads(inst.pid)
+        with open(inst.log_path, "a") as log:
+            log.write(f"[pdlab] re-pinned threads {moved} to cores {inst.spec.cores}; "
+                      f"moved spinning threads {calmed} to SCHED_IDLE (NIXL progress thread)\n")
 
     def _teardown_netlab(self) -> None:
         if self.netlab is not None:
