@@ -17,6 +17,8 @@ from pdlab.deploy import Deployment
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_MODEL = "pdlab-tiny"
+#: The session deployment's routing threshold: between the tests' short and long prompts.
+ROUTER_THRESHOLD = 256
 PDLAB = [sys.executable, "-m", "pdlab.cli"]
 
 
@@ -55,15 +57,17 @@ def make_test_lab(tmp_path: Path, name: str, base_port: int, router: dict | None
 
 @pytest.fixture(scope="session")
 def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """`pdlab up` a real 1P1D deployment of the tiny model for the whole session; `pdlab down` it after, and
-    check that no process of it is left."""
-    lab_path = make_test_lab(tmp_path_factory.mktemp("labs"), "pytest-1p1d", base_port=8150)
+    """`pdlab up` a real 1P1D deployment of the tiny model, with the router in front, for the whole session;
+    `pdlab down` it after, and check that no process of it is left."""
+    lab_path = make_test_lab(tmp_path_factory.mktemp("labs"), "pytest-1p1d", base_port=8150,
+                             router={"port": 8159, "threshold": ROUTER_THRESHOLD})
     up = run_pdlab("up", str(lab_path))
     assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
     try:
         yield Deployment.attach("pytest-1p1d")
     finally:
         down = run_pdlab("down", "pytest-1p1d")
-        leftovers = [p for p in pdlab_processes("vllm.entrypoints") if "--port 815" in " ".join(p.cmdline())]
+        leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
+                     if "--port 815" in " ".join(p.cmdline())]
         assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
         assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
