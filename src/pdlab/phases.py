@@ -18,6 +18,7 @@ Counting conventions (the formulas the tests check exactly):
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -275,8 +276,10 @@ def measure_prefill(model: LlamaForCausalLM, lengths: Sequence[int], repeats: in
 
 def measure_decode(model: LlamaForCausalLM, batches: Sequence[int], contexts: Sequence[int], repeats: int = 5,
                    seed: int = 0) -> list[DecodeSample]:
-    """Time one decode step for each (batch, context): fill a KV cache with `context` tokens per sequence, then
-    time steps of one new token per sequence, cropping the cache back so every step sees the same context."""
+    """Time one decode step for each (batch, context): fill a KV cache with `context` tokens, copy it to `batch`
+    sequences, then time steps of one new token per sequence, cropping the cache back after each step so every step
+    sees the same context. (The copies hold the same keys and values, which costs a step the same as distinct ones:
+    what decode pays for is reading them.)"""
     import torch
     from transformers import DynamicCache
 
@@ -284,12 +287,17 @@ def measure_decode(model: LlamaForCausalLM, batches: Sequence[int], contexts: Se
     samples = []
     with single_thread(), torch.inference_mode():
         for context in contexts:
+            if context < 1:
+                raise ValueError(f"batch and context must be >= 1, got context={context}")
+            # One prefill per context, not per batch: a batched prefill of long contexts would dominate the run.
+            filled = DynamicCache(config=model.config)
+            model(input_ids=_token_ids(model, 1, context, seed), past_key_values=filled, use_cache=True,
+                  logits_to_keep=1)
             for batch in batches:
-                if batch < 1 or context < 1:
-                    raise ValueError(f"batch and context must be >= 1, got batch={batch}, context={context}")
-                cache = DynamicCache(config=model.config)
-                model(input_ids=_token_ids(model, batch, context, seed), past_key_values=cache, use_cache=True,
-                      logits_to_keep=1)
+                if batch < 1:
+                    raise ValueError(f"batch and context must be >= 1, got batch={batch}")
+                cache = copy.deepcopy(filled)
+                cache.batch_repeat_interleave(batch)
                 step_ids = _token_ids(model, batch, 1, seed + 1)
                 positions = torch.full((batch, 1), context, dtype=torch.long)
 
@@ -299,6 +307,10 @@ def measure_decode(model: LlamaForCausalLM, batches: Sequence[int], contexts: Se
                     cache.crop(-1)  # drop the token just added: every timed step sees `context` cached tokens
 
                 seconds = _median_seconds(step, repeats)
+                ended = (cache.get_seq_length(), cache.layers[0].keys.shape[0])
+                if ended != (context, batch):  # the timing would be of another shape than the one recorded
+                    raise RuntimeError(f"decode cache ended at {ended[0]} tokens x {ended[1]} sequences, "
+                                       f"expected {context} x {batch}")
                 samples.append(DecodeSample(batch, context, seconds, shape.decode_flops(batch, context),
                                             shape.decode_bytes(batch, context)))
     return samples
