@@ -6,6 +6,7 @@ nbclient. Any cell error (a failing check cell included) fails the test and show
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import sys
@@ -49,6 +50,23 @@ def execute(path: Path) -> nbformat.NotebookNode:
 
 def test_notebooks_exist() -> None:
     assert NOTEBOOKS, f"no notebooks found under {NOTEBOOKS_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_follows_the_course_pattern(path: Path) -> None:
+    """Every notebook: objectives first, a `parameters` cell read through pdlab.course, a check cell, exercises
+    last; every code cell compiles (guarded notebooks included, so they cannot rot while they wait)."""
+    notebook = jupytext.read(path)
+    cells = notebook.cells
+    assert cells[0].cell_type == "markdown" and "Learning objectives" in cells[0].source, "first cell: objectives"
+    parameters = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(parameters) == 1 and "course.choose(" in parameters[0].source, "one `parameters` cell with quick mode"
+    code = [c for c in cells if c.cell_type == "code"]
+    assert any("course.check(" in c.source for c in code), "no check cell"
+    assert cells[-1].cell_type == "markdown" and "## Exercises" in cells[-1].source, "last cell: exercises"
+    for i, cell in enumerate(code):
+        compile(cell.source, f"{path.name}[code cell {i}]", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    assert notebook.metadata["jupytext"]["formats"] == "ipynb,py:percent", "pair with ipynb (make lab syncs them)"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
