@@ -169,3 +169,30 @@ def test_prefill_and_decode_figures_have_one_trace_per_series() -> None:
     decode = [phases.DecodeSample(b, c, 0.001, 1, 1) for b in (1, 2) for c in (8, 16)]
     assert len(phases.prefill_figure(prefill).data) == 2
     assert len(phases.decode_figure(decode).data) == 4  # time and throughput, per context
+
+
+def test_bench_phases_writes_a_record_with_its_environment(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pdlab.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "phases", "--model", "pdlab-tiny", "--lengths", "4,8",
+                                      "--batches", "1,2", "--contexts", "4", "--repeats", "1",
+                                      "--out-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [written] = list(tmp_path.glob("phases-pdlab-tiny-*.json"))
+    record = json.loads(written.read_text())
+    assert [row["tokens"] for row in record["prefill"]] == [4, 8]
+    assert [(row["batch"], row["context"]) for row in record["decode"]] == [(1, 4), (2, 4)]
+    assert record["cpu_peaks"]["flops_per_s"] > 0 and record["environment"]["packages"]["torch"]
+
+
+def test_bench_phases_names_a_bad_option(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from pdlab.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "phases", "--lengths", "4,x", "--out-dir", str(tmp_path)])
+    assert result.exit_code != 0 and "--lengths" in result.output

@@ -406,3 +406,31 @@ def decode_figure(samples: Sequence[DecodeSample]) -> go.Figure:
     fig.update_yaxes(title="generated tokens / s", row=1, col=2)
     fig.update_layout(title="Decode: a step costs about the same for 1 or many sequences (weights are read once)")
     return fig
+
+
+def benchmark(name: str, lengths: Sequence[int], batches: Sequence[int], contexts: Sequence[int],
+              repeats: int = 5) -> dict[str, Any]:
+    """Measure prefill, decode and this CPU's roof for model `name`; a JSON-ready record with the environment
+    (and the load average, since other processes on the same cores change the numbers)."""
+    import os
+
+    from pdlab import environment
+
+    model = load_model(name)
+    shape = shape_of(model)
+    load_before = os.getloadavg()
+    prefill = measure_prefill(model, lengths, repeats=repeats)
+    decode = measure_decode(model, batches, contexts, repeats=repeats)
+    cpu = measure_cpu_peaks()
+    return {
+        "benchmark": "phases",
+        "model": name,
+        "shape": asdict(shape),
+        "threads": 1,
+        "repeats": repeats,
+        "prefill": records(prefill),
+        "decode": records(decode),
+        "cpu_peaks": {**asdict(cpu), "ridge_point": cpu.ridge_point},
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "environment": environment.capture().as_dict(),
+    }
