@@ -160,7 +160,8 @@ course.check(
 # %% [markdown]
 # ## Exercises
 #
-# 1. Set `MODEL = "pdlab-small"` (about 6x the parameters). Which phase slows down more, and why?
+# 1. Switch `MODEL` between `"pdlab-tiny"` and `"pdlab-small"` (about 6x the parameters). Which phase slows down
+#    more, and why?
 # 2. Find the batch size at which a decode step at context 128 costs twice a batch-1 step. Compare it with the batch
 #    at which `shape.decode_intensity(batch, 128)` reaches this CPU's ridge point.
 # 3. Increase `CONTEXTS` to 8192 with a batch of 16. What share of the decode step's bytes is now KV cache rather

@@ -168,7 +168,10 @@ def test_prefill_and_decode_figures_have_one_trace_per_series() -> None:
     prefill = [phases.PrefillSample(t, 0.001 * t, 1, 1) for t in (1, 2, 4)]
     decode = [phases.DecodeSample(b, c, 0.001, 1, 1) for b in (1, 2) for c in (8, 16)]
     assert len(phases.prefill_figure(prefill).data) == 2
-    assert len(phases.decode_figure(decode).data) == 4  # time and throughput, per context
+    figure = phases.decode_figure(decode)
+    assert len(figure.data) == 4  # time and throughput, per context
+    # a context keeps its colour in both panels, so the one legend reads for both
+    assert figure.data[0].line.color == figure.data[1].line.color != figure.data[2].line.color
 
 
 def test_bench_phases_writes_a_record_with_its_environment(tmp_path) -> None:
