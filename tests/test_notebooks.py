@@ -24,8 +24,8 @@ from pdlab.course import QUICK_ENV
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
 
-# GUARD (remove when pdlab.deploy is merged): these notebooks need modules that are not in this branch yet; each is
-# executed only when its module is importable, and skipped with the reason otherwise.
+# GUARD: notebooks that need a pdlab module that does not exist yet are executed only once it is importable, and
+# skipped with the reason until then. Remove an entry as soon as its module exists.
 NEEDS_MODULE = {"00-setup": "pdlab.deploy"}
 
 #: Per-notebook time limit for one cell, seconds (quick mode keeps each notebook well under a minute).
@@ -73,7 +73,7 @@ def test_notebook_follows_the_course_pattern(path: Path) -> None:
 def test_notebook_runs_top_to_bottom(path: Path) -> None:
     needed = NEEDS_MODULE.get(path.stem)
     if needed and importlib.util.find_spec(needed) is None:
-        pytest.skip(f"{path.name} needs {needed}, which is not in this tree yet")
+        pytest.skip(f"{path.name} needs {needed}, which does not exist yet")
     try:
         notebook = execute(path)
     except CellExecutionError as error:
