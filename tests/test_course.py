@@ -35,11 +35,6 @@ def test_check_fails_with_the_effect_and_a_hint() -> None:
     assert "decode batches well" in str(error.value) and "re-run on a quiet machine" in str(error.value)
 
 
-def test_ratio() -> None:
-    assert course.ratio(6, 3) == 2
-    assert course.ratio(1, 0) == float("inf")
-
-
 def test_environment_reports_versions_cores_and_models() -> None:
     env = environment.capture()
     assert env.packages["torch"] == torch.__version__

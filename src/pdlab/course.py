@@ -41,11 +41,6 @@ def check(condition: bool, effect: str, hint: str) -> None:
     print(f"check passed: {effect}")
 
 
-def ratio(numerator: float, denominator: float) -> float:
-    """numerator / denominator, for check cells that compare two measurements (inf when the denominator is 0)."""
-    return numerator / denominator if denominator else float("inf")
-
-
 def environment_table(env: Environment) -> str:
     """The set-up check as a Markdown table (missing packages in bold), for `IPython.display.Markdown`."""
     lines = ["| what | value |", "| --- | --- |"]
