@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 LMCACHE_VENV ?= .venv-lmcache
 LMCACHE_VERSION := 0.5.6
 
-.PHONY: setup model test demo lab lint clean-venv lmcache-venv
+.PHONY: setup model test demo lab lint clean-venv lmcache-venv browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,14 +28,17 @@ setup: $(STAMP) $(LMCACHE_VENV)/.installed
 model: setup
 	$(BIN)/pdlab model make $(MODELS)
 
-test: model
+test: model browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: model
 	$(BIN)/pdlab demo
 
+# The notebooks' sources are jupytext .py files; their .ipynb (git-ignored) are made or refreshed from them here,
+# and kept paired while you work (saving in JupyterLab writes both). Loopback only; the URL with its token is printed.
 lab: model
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupytext --sync notebooks/[0-9][0-9]-*.py
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
@@ -53,3 +56,10 @@ $(LMCACHE_VENV)/.installed:
 	touch $@
 
 lmcache-venv: $(LMCACHE_VENV)/.installed
+
+# --- course: the browser test (tests/test_browser.py) drives Debian's chromium through Playwright's Python package.
+# The browser comes from apt (make test runs as root in CI); Playwright never downloads one of its own.
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			chromium chromium-driver)

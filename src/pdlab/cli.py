@@ -184,5 +184,36 @@ def main() -> None:
     app()
 
 
+# --- course: `pdlab bench phases` (the measurements of notebook 01, recorded) ---
+@bench_app.command("phases")
+def bench_phases(
+    model: str = typer.Option("pdlab-small", help="Catalog model or model directory."),
+    lengths: str = typer.Option("4,16,64,256,1024,2048", help="Prefill prompt lengths, comma-separated."),
+    batches: str = typer.Option("1,2,4,8,16,32", help="Decode batch sizes, comma-separated."),
+    contexts: str = typer.Option("128,1024,4096", help="Decode context lengths, comma-separated."),
+    repeats: int = typer.Option(5, min=1, help="Timed runs per point (the median is kept)."),
+    out_dir: Path = typer.Option(None, "--out-dir", help="Where to write the JSON (default: data/results/)."),
+) -> None:
+    """Prefill time vs prompt length, decode step time vs batch and context, and this CPU's single-thread roof."""
+    import time
+
+    from pdlab import phases
+    from pdlab.settings import data_dir
+
+    def ints(text: str, option: str) -> list[int]:
+        try:
+            return [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"{text!r}: want comma-separated integers", param_hint=option) from None
+
+    with console.status(f"measuring prefill and decode of {model} on one thread ..."):
+        record = phases.benchmark(model, ints(lengths, "--lengths"), ints(batches, "--batches"),
+                                  ints(contexts, "--contexts"), repeats=repeats)
+    out = (out_dir or data_dir() / "results") / f"phases-{Path(model).name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
 if __name__ == "__main__":
     main()

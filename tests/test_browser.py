@@ -1,0 +1,211 @@
+"""A real browser drives JupyterLab: open a notebook, run all cells, move an ipywidgets slider, and check that the
+plotly FigureWidget redrew (browser -> kernel callback -> browser). Screenshots go to the test's tmp directory.
+
+Needs Debian's chromium (`make browser-deps`); Playwright's Python package drives it through
+executable_path, and never downloads a browser of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import jupytext
+import pytest
+from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+import pdlab
+
+CHROMIUM = Path("/usr/bin/chromium")
+#: Loopback ports the browser tests may use.
+PORT_RANGE = range(20800, 20900)
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage"]
+DEMO = Path(__file__).resolve().parent / "notebooks" / "widget-demo.py"
+UI_TIMEOUT_MS = 90_000
+
+
+def free_port() -> int:
+    ports = list(PORT_RANGE)
+    random.shuffle(ports)
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {PORT_RANGE}")
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+    log: Path
+
+    def open_url(self, notebook: str) -> str:
+        return f"{self.url}/lab/tree/{notebook}?token={self.token}"
+
+
+#: User settings for a fresh JupyterLab: quiet and offline (no news or update pop-ups over the notebook) and no
+#: kernel-selection dialog (the notebook names its kernel).
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification": {"checkForUpdates": False, "fetchNews": "false"},
+    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
+}
+
+
+def write_lab_settings(settings_dir: Path) -> None:
+    for plugin, settings in LAB_SETTINGS.items():
+        target = settings_dir / f"{plugin}.jupyterlab-settings"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(settings))
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    """JupyterLab on a free loopback port with a token, serving a fresh folder; stopped (with its kernels) after."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    jupytext.write(jupytext.read(DEMO), root / "widget-demo.ipynb")
+    write_lab_settings(tmp_path / "lab-settings")
+    port, token = free_port(), f"pdlab-test-{random.getrandbits(64):x}"
+    source_root = str(Path(pdlab.__file__).resolve().parents[1])
+    env = {**os.environ, "PDLAB_QUICK": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+           "PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
+    log = tmp_path / "jupyterlab.log"
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+               f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={tmp_path / 'lab-settings'}",
+               f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
+    if os.geteuid() == 0:  # CI runs as root; Jupyter refuses root unless told
+        command.append("--allow-root")
+    with log.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/api/status", params={"token": token}, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"JupyterLab did not answer on {url} within 60 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield Lab(url=url, token=token, root=root, log=log)
+    finally:
+        # SIGTERM lets the server shut its kernels down; the process group catches anything left behind.
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Page]:
+    """A page in Debian's headless chromium with a fresh profile; the browser is closed after the test."""
+    if not CHROMIUM.exists() or shutil.which("chromedriver") is None:
+        pytest.fail(f"{CHROMIUM} or chromedriver is missing: run `make browser-deps` (apt-get install chromium "
+                    "chromium-driver)")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000})
+        try:
+            context.set_default_timeout(UI_TIMEOUT_MS)
+            # A new tab: in the persistent context's initial tab, JupyterLab's Run All never reached the kernel.
+            page = context.new_page()
+            yield page
+        finally:
+            # Whatever happened, leave a picture of it for whoever reads the failure.
+            page.screenshot(path=str(tmp_path / "last-state.png"), full_page=True)
+            context.close()
+
+
+def dismiss_dialogs(page: Page) -> list[str]:
+    """Accept any modal dialog (on a loaded machine JupyterLab may report a slow theme stylesheet as failed, or ask
+    which kernel to start); returns what they said, for the test's output."""
+    said = []
+    for dialog in page.locator(".jp-Dialog").all():
+        said.append(dialog.get_attribute("aria-label") or dialog.inner_text())
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+    return said
+
+
+def run_all_cells(page: Page, tries: int = 4) -> None:
+    """Run > Run All Cells, until the first code cell shows it was sent to the kernel. A freshly opened notebook can
+    report an idle kernel before its connection takes requests, and a Run All in that window is silently lost."""
+    started = page.locator(".jp-CodeCell .jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
+    for _ in range(tries):
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        try:
+            started.first.wait_for(timeout=15_000)
+            return
+        except PlaywrightTimeoutError:
+            continue
+    pytest.fail(f"Run All Cells did not start the notebook in {tries} tries")
+
+
+def figure_state(page: Page) -> dict:
+    """What plotly.js is drawing now: the figure's title and its first trace's y values."""
+    return page.evaluate("""() => {
+        const plot = document.querySelector('.js-plotly-plot');
+        return {title: plot.layout.title.text, y: Array.from(plot.data[0].y)};
+    }""")
+
+
+def test_slider_redraws_the_figure_widget(lab: Lab, page: Page, tmp_path: Path) -> None:
+    page.goto(lab.open_url("widget-demo.ipynb"))
+    page.locator(".jp-Notebook").wait_for()
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached")
+    for message in dismiss_dialogs(page):
+        print(f"dismissed a JupyterLab dialog: {message}")
+    run_all_cells(page)
+    page.locator(".js-plotly-plot .main-svg").first.wait_for()
+    page.locator(".widget-slider .noUi-handle").wait_for()
+    page.screenshot(path=str(tmp_path / "01-notebook-ran.png"), full_page=True)
+    before = figure_state(page)
+    assert before == {"title": "y = x^1", "y": list(range(1, 11))}
+
+    # Drag the slider's handle to the far right end of its track, as a learner would.
+    handle = page.locator(".widget-slider .noUi-handle").bounding_box()
+    track = page.locator(".widget-slider .noUi-target").bounding_box()
+    assert handle and track
+    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(track["x"] + track["width"] + 20, handle["y"] + handle["height"] / 2, steps=10)
+    page.mouse.up()
+
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot').layout.title.text === 'y = x^5'")
+    page.screenshot(path=str(tmp_path / "02-slider-moved.png"), full_page=True)
+    after = figure_state(page)
+    assert after == {"title": "y = x^5", "y": [x**5 for x in range(1, 11)]}
+    assert page.locator(".widget-slider .widget-readout").first.inner_text().strip() == "5"
+    print(f"screenshots: {tmp_path}")

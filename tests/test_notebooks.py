@@ -1,0 +1,85 @@
+"""Execute every course notebook top to bottom in quick mode, with a real kernel from this Python environment.
+
+The sources are jupytext percent-format `.py` files; each is converted to a notebook in memory and run with
+nbclient. Any cell error (a failing check cell included) fails the test and shows the cell's traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+import pdlab
+from pdlab.course import QUICK_ENV
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
+
+# GUARD: notebooks that need a pdlab module that does not exist yet are executed only once it is importable, and
+# skipped with the reason until then. Remove an entry as soon as its module exists.
+#: Per-notebook time limit for one cell, seconds (quick mode keeps each notebook well under a minute).
+CELL_TIMEOUT_S = 300
+
+
+def kernel_env() -> dict[str, str]:
+    """The test's environment plus quick mode, with this pdlab's source first on the kernel's path."""
+    source_root = str(Path(pdlab.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, QUICK_ENV: "1", "PYTHONPATH": path}
+
+
+def execute(path: Path) -> nbformat.NotebookNode:
+    notebook = jupytext.read(path)
+    client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    # The "python3" kernelspec starts sys.executable (jupyter_client substitutes it), i.e. this venv's Python.
+    client.execute(env=kernel_env())
+    return notebook
+
+
+def test_notebooks_exist() -> None:
+    assert NOTEBOOKS, f"no notebooks found under {NOTEBOOKS_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_follows_the_course_pattern(path: Path) -> None:
+    """Every notebook: objectives first, a `parameters` cell read through pdlab.course, a check cell, exercises
+    last; every code cell compiles (guarded notebooks included, so they cannot rot while they wait)."""
+    notebook = jupytext.read(path)
+    cells = notebook.cells
+    assert cells[0].cell_type == "markdown" and "Learning objectives" in cells[0].source, "first cell: objectives"
+    parameters = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(parameters) == 1 and "course.choose(" in parameters[0].source, "one `parameters` cell with quick mode"
+    code = [c for c in cells if c.cell_type == "code"]
+    assert any("course.check(" in c.source for c in code), "no check cell"
+    assert cells[-1].cell_type == "markdown" and "## Exercises" in cells[-1].source, "last cell: exercises"
+    for i, cell in enumerate(code):
+        compile(cell.source, f"{path.name}[code cell {i}]", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    assert notebook.metadata["jupytext"]["formats"] == "ipynb,py:percent", "pair with ipynb (make lab syncs them)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path: Path) -> None:
+    try:
+        notebook = execute(path)
+    except CellExecutionError as error:
+        pytest.fail(f"{path.name} failed in quick mode:\n{error}", pytrace=False)
+    executed = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert executed and all(cell.get("execution_count") for cell in executed), "not every code cell ran"
+    checks = [out for cell in executed for out in cell.get("outputs", []) if "check passed" in out.get("text", "")]
+    assert checks, f"{path.name} has no check cell that passed (every notebook must assert its effect)"
+
+
+def test_kernel_is_this_python() -> None:
+    """The notebooks must run in the interpreter that has pdlab installed, not some other python3 on the PATH."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.executable)")])
+    NotebookClient(notebook, timeout=60, kernel_name="python3").execute(env=kernel_env())
+    assert notebook.cells[0].outputs[0]["text"].strip() == sys.executable
