@@ -23,8 +23,6 @@ from pdlab.course import QUICK_ENV
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
 
-# GUARD: notebooks that need a pdlab module that does not exist yet are executed only once it is importable, and
-# skipped with the reason until then. Remove an entry as soon as its module exists.
 #: Per-notebook time limit for one cell, seconds (quick mode keeps each notebook well under a minute).
 CELL_TIMEOUT_S = 300
 

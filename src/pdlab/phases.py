@@ -432,5 +432,5 @@ def benchmark(name: str, lengths: Sequence[int], batches: Sequence[int], context
         "decode": records(decode),
         "cpu_peaks": {**asdict(cpu), "ridge_point": cpu.ridge_point},
         "load_average": {"before": load_before, "after": os.getloadavg()},
-        "environment": environment.capture().as_dict(),
+        "environment": environment.capture(),
     }
