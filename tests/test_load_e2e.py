@@ -1,0 +1,47 @@
+"""Each workload, for a few seconds, through the router of a real 1P1D vLLM deployment: every request is
+recorded with its tokens' times and routing path, and the run directory is complete."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdlab.config import parse_workload
+from pdlab.experiment.runner import ExperimentRun
+from pdlab.settings import data_dir
+from tests.conftest import ROUTER_THRESHOLD
+
+pytestmark = pytest.mark.e2e
+
+WORKLOADS = {
+    "mixed": {"kind": "mixed", "seed": 1, "rate": 2.0, "duration_s": 4, "short_tokens": 24,
+              "long_tokens": ROUTER_THRESHOLD + 100, "long_fraction": 0.4, "short_output_tokens": 8,
+              "long_output_tokens": 4},
+    "trace": {"kind": "trace", "path": str(data_dir() / "traces" / "mooncake-conversation-500.jsonl"),
+              "num_requests": 6, "time_scale": 0.05, "length_scale": 0.02, "max_output_tokens": 8,
+              "long_threshold_tokens": ROUTER_THRESHOLD},
+    "probe": {"kind": "probe", "rate": 4.0, "duration_s": 2, "prompt_tokens": 12, "output_tokens": 6},
+}
+
+
+@pytest.mark.parametrize("kind", list(WORKLOADS))
+def test_workload_runs_against_the_real_deployment(live_1p1d, tmp_path, kind):
+    dep = live_1p1d
+    workload = parse_workload(WORKLOADS[kind])
+    with ExperimentRun(f"pytest-{kind}", workload, runs_root=tmp_path, progress=False) as run:
+        rows = run.measure(kind, dep.router_url, model=dep.served_model, model_dir=dep.model_dir,
+                           kv_urls=dep.urls("decode"))
+    assert len(rows) == run.scheduled[kind] > 0
+    assert (rows["status"] == "ok").all(), rows.loc[rows["status"] != "ok", ["status", "error"]]
+    assert (rows["usage_prompt_tokens"] == rows["prompt_tokens"]).all()
+    for _, row in rows.iterrows():
+        assert len(row["token_times"]) == row["max_tokens"]  # one streamed chunk per token
+        expected = "disaggregated" if row["prompt_tokens"] >= ROUTER_THRESHOLD else "direct"
+        assert row["path"] == expected
+    summary = json.loads((run.dir / "summary.json").read_text())
+    assert summary["complete"] is True
+    assert summary["scenarios"][kind]["requests"]["completed"] == len(rows)
+    assert (run.dir / "report.html").stat().st_size > 10_000
+    if (rows["path"] == "disaggregated").any():
+        assert summary["kv_transfer"][kind]["bytes"] > 0
