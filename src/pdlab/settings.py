@@ -54,6 +54,15 @@ def repo_root() -> Path | None:
     return None
 
 
+def resolve_path(path: str | Path) -> Path:
+    """`path` as given if it exists or is absolute, else relative to the checkout (for paths in lab specs)."""
+    path = Path(path)
+    if path.is_absolute() or path.exists():
+        return path
+    root = repo_root()
+    return root / path if root is not None and (root / path).exists() else path
+
+
 def data_dir() -> Path:
     root = repo_root()
     if root is None:

@@ -18,8 +18,21 @@ class SweepSpec(Spec):
 
     scenario: str
     """The scenario (a deployment with a router) to sweep."""
-    thresholds: list[int] = Field(min_length=1)
-    """Routing thresholds (tokens) to measure, in order."""
+    setting: Literal["threshold", "prefill_strategy", "decode_strategy"] = "threshold"
+    """The router setting to vary."""
+    values: list[int | str] = Field(min_length=1)
+    """The values to measure, in order (tokens for `threshold`, strategy names for the others)."""
+
+    @model_validator(mode="after")
+    def _values_fit_the_setting(self) -> SweepSpec:
+        from pdlab.config.router import RouterSettings
+
+        for i, value in enumerate(self.values):
+            try:
+                RouterSettings.model_validate({self.setting: value})
+            except ValueError as error:
+                raise ValueError(f"values.{i}: {value!r} is not a valid {self.setting}: {error}") from None
+        return self
 
 
 class EventSpec(Spec):

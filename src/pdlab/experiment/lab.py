@@ -100,12 +100,13 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
             console.rule(f"{lab.name}: {name}")
             with Deployment(spec, run_dir=run.dir / name / "deployment", progress=progress, console=console) as dep:
                 if exp.sweep is not None and exp.sweep.scenario == name:
-                    for threshold in exp.sweep.thresholds:
-                        set_router(dep, threshold=threshold)
-                        point = f"{name}@{threshold}"
+                    setting = exp.sweep.setting
+                    for value in exp.sweep.values:
+                        set_router(dep, **{setting: value})
+                        point = f"{name}@{value}"
                         _measure(run, point, dep, exp.events, console)
                         figures_now = run.summary()["scenarios"][point]
-                        sweep_rows.append({"scenario": name, "threshold": threshold, **_headline(figures_now)})
+                        sweep_rows.append({"scenario": name, setting: value, **_headline(figures_now)})
                 else:
                     _measure(run, name, dep, exp.events, console)
                 if exp.baseline_scenario == name:
@@ -115,10 +116,11 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
         if sweep_rows:
             frame = pd.DataFrame(sweep_rows)
             frame.to_csv(run.dir / "sweep.csv", index=False)
-            figures = [("Threshold sweep: short-request ITL p99",
-                        sweep_figure(frame, x="threshold", y="short_itl_p99_ms")),
-                       ("Threshold sweep: long-prompt TTFT p99",
-                        sweep_figure(frame, x="threshold", y="long_ttft_p99_ms"))]
+            setting = exp.sweep.setting if exp.sweep else "threshold"
+            figures = [(f"Sweep of {setting}: {label}", sweep_figure(frame, x=setting, y=column))
+                       for label, column in (("short-request ITL p99", "short_itl_p99_ms"),
+                                             ("short-request TTFT p99", "short_ttft_p99_ms"),
+                                             ("long-prompt TTFT p99", "long_ttft_p99_ms"))]
         run.finish(complete, figures)
     return run.dir
 

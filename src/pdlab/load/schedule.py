@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pdlab.config.workload import MixedWorkload, ProbeSpec, ProbeWorkload, TraceWorkload
 from pdlab.load.prompts import PromptBuilder, seeded_rng
+from pdlab.settings import resolve_path
 
 Workload = MixedWorkload | TraceWorkload | ProbeWorkload
 
@@ -117,9 +118,12 @@ def _probes(spec: Workload, builder: PromptBuilder, main: list[_Draft]) -> list[
 
 
 def read_trace(path: str | Path) -> list[dict]:
-    """Rows of a Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, hash_ids)."""
+    """Rows of a Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, hash_ids). A relative
+    path that is not found from the working directory is read from the checkout (so lab specs can say
+    `data/traces/...` and run from notebooks/ too)."""
+    path = resolve_path(path)
     rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)
