@@ -90,6 +90,9 @@ class ConnectorSpec(Spec):
     """UCX transports (UCX_TLS) for the local tier."""
     buffer_device: Literal["cpu", "cuda"] = "cpu"
     """Where the connector stages KV blocks."""
+    kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
+    """What a decode instance does when pulling a KV cache fails (e.g. the prefill instance died mid-transfer):
+    `fail` ends the request with an error (a broken transfer is never hidden), `recompute` prefills it locally."""
 
 
 class NodeSpec(Spec):

@@ -90,7 +90,7 @@ def kv_transfer_config(spec: DeploymentSpec, inst: InstanceSpec) -> dict | None:
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
         "kv_buffer_device": spec.connector.buffer_device,
-        "kv_load_failure_policy": "fail",
+        "kv_load_failure_policy": spec.connector.kv_load_failure_policy,
         "kv_connector_extra_config": {"backends": list(spec.connector.nixl_backends)},
     }
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import httpx
 import pandas as pd
 import plotly.graph_objects as go
 from pydantic import TypeAdapter
@@ -73,6 +74,13 @@ def new_run_dir(lab: str, runs_root: str | Path | None = None) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f"no free run directory under {base / lab}")
+
+
+def _scrape_or_none(url: str) -> KVTransferStats | None:
+    try:
+        return scrape_kv_transfer(url)
+    except httpx.HTTPError:
+        return None
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -133,13 +141,16 @@ class ExperimentRun:
             schedule = [item for item in schedule if item.cls != "long"]
         self.scheduled[scenario] = len(schedule)
         schedule_path = write_schedule(schedule, out / "schedule.jsonl")
-        before = [scrape_kv_transfer(url) for url in kv_urls]
+        before = {url: _scrape_or_none(url) for url in kv_urls}
         result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
                           timeout_s=workload.timeout_s, progress=self.progress, label=scenario)
         if kv_urls:
-            after = [scrape_kv_transfer(url) for url in kv_urls]
-            moved = sum((a - b for a, b in zip(after, before, strict=True)), KVTransferStats())
-            self.kv[scenario] = {"instances": list(kv_urls), **moved.as_dict()}
+            after = {url: _scrape_or_none(url) for url in kv_urls}
+            # An instance that is gone (a failure drill) has no figures to give; count the ones still up.
+            counted = [url for url in kv_urls if before[url] is not None and after[url] is not None]
+            moved = sum((after[url] - before[url] for url in counted), KVTransferStats())  # type: ignore[operator]
+            self.kv[scenario] = {"instances": counted, "unreachable": sorted(set(kv_urls) - set(counted)),
+                                 **moved.as_dict()}
             (out / "kv.json").write_text(json.dumps(self.kv[scenario], indent=2) + "\n")
         self.write_summary()
         return read_rows(result.rows_path)
