@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,10 @@ TEST_MODEL = "pdlab-tiny"
 #: The session deployment's routing threshold: between the tests' short and long prompts.
 ROUTER_THRESHOLD = 256
 PDLAB = [sys.executable, "-m", "pdlab.cli"]
+
+# This session's `pdlab up` records live in a directory of its own, so another checkout's test run (or a
+# learner's own deployment) can never be mistaken for, or stopped as, this one.
+os.environ.setdefault("PDLAB_STATE_DIR", tempfile.mkdtemp(prefix="pdlab-test-state-"))
 
 
 def pdlab_processes(marker: str) -> list[psutil.Process]:

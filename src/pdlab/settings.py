@@ -41,8 +41,9 @@ def models_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """Records of deployments started detached (`pdlab up --detach`), read by `pdlab status` and `pdlab down`."""
-    return pdlab_home() / "state"
+    """Records of deployments started by `pdlab up`, read by `pdlab status` and `pdlab down`:
+    `$PDLAB_STATE_DIR`, else `<pdlab_home>/state`."""
+    return Path(os.environ.get("PDLAB_STATE_DIR") or pdlab_home() / "state")
 
 
 def repo_root() -> Path | None:

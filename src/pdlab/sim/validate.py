@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from pdlab.config.sim import SimSpec
+from pdlab.load.rows import COLUMNS as ROW_COLUMNS
+from pdlab.load.rows import read_rows
 from pdlab.settings import DEFAULT_ROUTING_THRESHOLD
 from pdlab.sim.scenario import simulate
 from pdlab.sim.workload import Arrival
@@ -90,8 +92,30 @@ def _times(text: str) -> list[float]:
     return [float(t) for t in text.replace(";", " ").split()]
 
 
+def _read_pdlab_rows(path: Path) -> list[MeasuredRequest]:
+    """Rows written by pdlab.load (token times are seconds after each request was sent)."""
+    frame = read_rows(path)
+    frame = frame[frame["status"] == "ok"]
+    return [MeasuredRequest(start=float(r.start_s), cls=str(r.cls), prompt_tokens=int(r.prompt_tokens),
+                            output_tokens=int(r.usage_completion_tokens or r.max_tokens),
+                            token_times=[float(r.start_s) + t for t in r.token_times], path=str(r.path) or None)
+            for r in frame.itertuples()]
+
+
+def _deployment_of(run_dir: Path) -> dict:
+    """The DeploymentSpec a pdlab experiment ran this scenario on (`<scenario>/deployment/deployment.json`)."""
+    path = run_dir / "deployment" / "deployment.json"
+    return json.loads(path.read_text())["spec"] if path.exists() else {}
+
+
 def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
     path = _rows_file(run_dir)
+    header = path.open().readline().strip().split(",")
+    if header == list(ROW_COLUMNS):
+        rows = _read_pdlab_rows(path)
+        if not rows:
+            raise RunDirError(f"{path}: no successful requests")
+        return rows, {"deployment": _deployment_of(run_dir)}
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         header = list(reader.fieldnames or [])
