@@ -65,7 +65,7 @@ def test_decode_dies_mid_stream_ends_with_an_error_event(tmp_path, model_dir):
         with httpx.stream("POST", url(18117) + "/v1/completions", json=body, timeout=10) as response:
             assert response.status_code == 200
             events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
-        assert decode.wait(timeout=10) == 3  # the stand-in really died
+        assert decode.popen.wait(timeout=10) == 3  # the stand-in really died
         assert events[-1] == "[DONE]"
         tokens = [json.loads(e) for e in events[:-2]]
         assert [t["choices"][0]["text"] for t in tokens] == ["alpha ", "bravo "]

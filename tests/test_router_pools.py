@@ -66,8 +66,8 @@ def test_router_stops_promptly_with_a_stream_open(tmp_path, model_dir):
             next(reader)  # the stream is open and flowing
             assert metric(url(18134), "vllm:num_requests_running", model_name=MODEL) == 1
             started = time.monotonic()
-            proc.terminate()
-            proc.wait(timeout=15)
+            proc.popen.terminate()
+            proc.popen.wait(timeout=15)
         assert time.monotonic() - started < 10
 
 

@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -94,6 +94,41 @@ class ManagedProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=1)
         _unregister(self)
+
+
+class StartupError(RuntimeError):
+    """A process that exited or stayed unhealthy during start-up; the message carries its log tail."""
+
+
+def wait_healthy(proc: ManagedProcess, health_url: str, timeout_s: float = 60.0) -> None:
+    """Block until `health_url` answers 200; raise StartupError if the process exits or the time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not proc.alive():
+            raise StartupError(f"{proc.name} exited with code {proc.returncode()} during start-up; last lines of "
+                               f"{proc.log_path}:\n{proc.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(health_url, timeout=1.0).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise StartupError(f"{proc.name}: {health_url} not healthy after {timeout_s:.0f} s; last lines of "
+                               f"{proc.log_path}:\n{proc.log_tail()}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def serving(name: str, argv: list[str], health_url: str, log_path: Path, env: dict[str, str] | None = None,
+            timeout_s: float = 60.0) -> Iterator[ManagedProcess]:
+    """Run a server (a stand-in, a router, a peer) as a ManagedProcess until the block ends: started, healthy
+    before the block runs, and always stopped after it."""
+    proc = ManagedProcess(name, argv, {**os.environ, **(env or {})}, log_path).start()
+    try:
+        wait_healthy(proc, health_url, timeout_s)
+        yield proc
+    finally:
+        proc.stop(timeout_s=10)
 
 
 def tail(path: Path, lines: int = 25) -> str:

@@ -57,6 +57,10 @@ def print_comparison(run_dir: Path) -> None:
         table.add_row("short ITL p99 / baseline",
                       *[f"{r / base:.1f}x" if r else "-" for r in ratios], "1.0x" if "baseline" in frame else "")
     console.print(table)
+    for name, kv in (summary.get("kv_transfer") or {}).items():
+        if kv.get("transfers"):
+            console.print(f"{name}: NIXL moved {kv['bytes'] / 2**20:,.1f} MiB of KV cache in {kv['transfers']:g} "
+                          f"transfers (mean {kv['mean_xfer_ms']:.1f} ms each), prefill instance -> decode instance")
     if not summary.get("complete"):
         console.print("[yellow]This run is incomplete: it was interrupted; figures cover what was measured.[/yellow]")
 

@@ -15,10 +15,8 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import uvloop
 from rich.console import Console
 
 from pdlab.config.router import RouterSpec
+from pdlab.deploy.process import ManagedProcess, serving
 from pdlab.environment import capture
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV, data_dir
@@ -41,36 +40,6 @@ CONCURRENCIES = (1, 8)
 #: The reference figures measured by hand on this project's machine kind (see the issue) and the goal.
 REFERENCE = {"vllm_router_added_p50_ms_at_c1": "2-2.5", "vllm_router_rps_ratio_at_c8": 0.71}
 GOAL = {"pdlab_added_p50_ms_at_c1": "<= vllm_router's", "pdlab_rps_ratio_at_c8": ">= 0.80"}
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    """A child process that is always stopped (terminate, then kill) when the block ends."""
-    log = log_path.open("w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
 
 
 def vllm_router_executable() -> str | None:
@@ -129,7 +98,7 @@ def _stats(samples: list[float], elapsed: float) -> dict[str, Any]:
             "rps": round(len(samples) / elapsed, 1), "requests": len(samples)}
 
 
-def _cpu_seconds(proc: subprocess.Popen | None) -> float:
+def _cpu_seconds(proc: ManagedProcess | None) -> float:
     """User + system CPU time of a process: what the router costs per request, whatever the contention."""
     if proc is None:
         return 0.0
@@ -186,34 +155,34 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
         "concurrency": {},
     }
     with contextlib.ExitStack() as stack:
-        procs = {
-            "prefill": (stack.enter_context(_process([*standin, "--port", str(prefill_port), "--name", "prefill-0"],
-                                                     out / "standin-prefill.log")), f"{prefill_url}/health"),
-            "decode": (stack.enter_context(_process([*standin, "--port", str(decode_port), "--name", "decode-0"],
-                                                    out / "standin-decode.log")), f"{decode_url}/health"),
-            "pdlab": (stack.enter_context(_process(pdlab_argv, out / "pdlab-router.log", {ADMIN_TOKEN_ENV: token})),
-                      f"{router_url}/health"),
-        }
-        if vr_exe:
-            vr_argv = [vr_exe, "--vllm-pd-disaggregation", "--prefill", prefill_url, "--decode", decode_url,
-                       "--kv-connector", "nixl", "--policy", "round_robin", "--host", HOST, "--port", str(vr_port),
-                       "--prometheus-port", str(vr_metrics_port), "--log-level", "warning"]
-            # Its regular (non-P/D) mode in front of the decode stand-in: the like-for-like peer of pdlab's direct path.
-            vr_direct_argv = [vr_exe, "--worker-urls", decode_url, "--policy", "round_robin", "--host", HOST,
-                              "--port", str(vr_direct_port), "--prometheus-port", str(vr_direct_metrics_port),
-                              "--log-level", "warning"]
-            result["setup"]["vllm_router_argv"] = [Path(vr_argv[0]).name, *vr_argv[1:]]
-            result["setup"]["vllm_router_direct_path_argv"] = [Path(vr_exe).name, *vr_direct_argv[1:]]
-            procs["vllm_router"] = (stack.enter_context(_process(vr_argv, out / "vllm-router.log")),
-                                    f"{vr_url}/health")
-            procs["vllm_router_direct_path"] = (
-                stack.enter_context(_process(vr_direct_argv, out / "vllm-router-direct.log")),
-                f"{vr_direct_url}/health")
-        else:
-            result["setup"]["vllm_router"] = "not installed (pip install vllm-router): not measured"
+        def serve(name: str, argv: list[str], health: str, log: str, env: dict[str, str] | None = None):
+            return stack.enter_context(serving(name, argv, health, out / log, env))
+
         with console.status("starting stand-ins and routers ..."):
-            for proc, health in procs.values():
-                _wait_ready(health, proc)
+            procs = {
+                "prefill": serve("standin-prefill", [*standin, "--port", str(prefill_port), "--name", "prefill-0"],
+                                 f"{prefill_url}/health", "standin-prefill.log"),
+                "decode": serve("standin-decode", [*standin, "--port", str(decode_port), "--name", "decode-0"],
+                                f"{decode_url}/health", "standin-decode.log"),
+                "pdlab": serve("pdlab-router", pdlab_argv, f"{router_url}/health", "pdlab-router.log",
+                               {ADMIN_TOKEN_ENV: token}),
+            }
+            if vr_exe:
+                vr_argv = [vr_exe, "--vllm-pd-disaggregation", "--prefill", prefill_url, "--decode", decode_url,
+                           "--kv-connector", "nixl", "--policy", "round_robin", "--host", HOST, "--port",
+                           str(vr_port), "--prometheus-port", str(vr_metrics_port), "--log-level", "warning"]
+                # Its regular (non-P/D) mode in front of the decode stand-in: the like-for-like peer of pdlab's
+                # direct path.
+                vr_direct_argv = [vr_exe, "--worker-urls", decode_url, "--policy", "round_robin", "--host", HOST,
+                                  "--port", str(vr_direct_port), "--prometheus-port", str(vr_direct_metrics_port),
+                                  "--log-level", "warning"]
+                result["setup"]["vllm_router_argv"] = [Path(vr_argv[0]).name, *vr_argv[1:]]
+                result["setup"]["vllm_router_direct_path_argv"] = [Path(vr_exe).name, *vr_direct_argv[1:]]
+                procs["vllm_router"] = serve("vllm-router", vr_argv, f"{vr_url}/health", "vllm-router.log")
+                procs["vllm_router_direct_path"] = serve("vllm-router-direct", vr_direct_argv,
+                                                         f"{vr_direct_url}/health", "vllm-router-direct.log")
+            else:
+                result["setup"]["vllm_router"] = "not installed (pip install vllm-router): not measured"
         targets = {"direct": decode_url, "pdlab": router_url, "pdlab_direct_path": router_url}
         if vr_exe:
             targets["vllm_router"] = vr_url
@@ -229,7 +198,7 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
                 for name, url in targets.items():
                     if name.startswith("pdlab"):
                         _set_threshold(router_url, token, 1_000_000 if name == "pdlab_direct_path" else 0)
-                    router_proc = procs.get("pdlab" if name.startswith("pdlab") else name, (None, None))[0]
+                    router_proc = procs.get("pdlab" if name.startswith("pdlab") else name)
                     with console.status(f"concurrency {concurrency}, round {round_no + 1}/{rounds}: {name} ..."):
                         cpu_before = _cpu_seconds(router_proc)
                         got, took = _measure(url, concurrency, per_round, warmup if round_no == 0 else 0,
