@@ -12,14 +12,14 @@ and a mismatch is an error, never a silent approximation.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from pathlib import Path
 
-import jinja2
 from tokenizers import Tokenizer
 
 from pdlab.config.workload import Api
+from pdlab.router.tokens import PromptError as RouterPromptError
+from pdlab.router.tokens import PromptTokenizer
 from pdlab.settings import data_dir
 
 
@@ -48,12 +48,12 @@ class PromptBuilder:
         tokenizer_file = model_dir / "tokenizer.json"
         if not tokenizer_file.exists():
             raise PromptError(f"{model_dir} has no tokenizer.json: prompts cannot be sized for this model")
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.chat_template = _chat_template(model_dir)
+        # Counting is the router's: one implementation of "how many tokens vLLM will see".
+        self.counter = PromptTokenizer(model_dir)
+        self.tokenizer = self.counter.tokenizer
         self.words = words or corpus_words()
         self.piece_tokens = _PieceCounter(self.tokenizer)
         self.filler = self._one_token_piece()
-        self.bos_tokens = len(self.tokenizer.encode("", add_special_tokens=True).ids)
 
     def _one_token_piece(self) -> str:
         for word in ("the", "a", "and", *self.words):
@@ -64,14 +64,12 @@ class PromptBuilder:
     # -- token counts as vLLM reports them ------------------------------------------------------------------
 
     def count(self, prompt: str, api: Api = "completions") -> int:
-        if api == "chat":
-            return len(self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False).ids)
-        return len(self.tokenizer.encode(prompt, add_special_tokens=True).ids)
-
-    def render_chat(self, content: str) -> str:
-        if self.chat_template is None:
-            raise PromptError("the model has no chat template: use api=completions")
-        return self.chat_template.render(messages=[{"role": "user", "content": content}], add_generation_prompt=True)
+        try:
+            if api == "chat":
+                return self.counter.chat([{"role": "user", "content": prompt}]).count
+            return self.counter.completion(prompt).count
+        except RouterPromptError as error:
+            raise PromptError(str(error)) from None
 
     # -- text --------------------------------------------------------------------------------------------------
 
@@ -123,16 +121,6 @@ class _PieceCounter:
         if piece not in self._counts:
             self._counts[piece] = len(self._tokenizer.encode(piece, add_special_tokens=False).ids)
         return self._counts[piece]
-
-
-def _chat_template(model_dir: Path) -> jinja2.Template | None:
-    """The model's chat template, from chat_template.jinja or tokenizer_config.json (where transformers saves it)."""
-    source = None
-    if (model_dir / "chat_template.jinja").exists():
-        source = (model_dir / "chat_template.jinja").read_text()
-    elif (model_dir / "tokenizer_config.json").exists():
-        source = json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
-    return jinja2.Environment(autoescape=False).from_string(source) if source else None
 
 
 def seeded_rng(seed: int, *parts: object) -> random.Random:

@@ -63,6 +63,10 @@ class PromptTokenizer:
         self._cache: OrderedDict[tuple[str, str], TokenizedPrompt] = OrderedDict()
         self._cache_size = cache_size
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
     def _cached(self, key: tuple[str, str], make) -> TokenizedPrompt:
         hit = self._cache.get(key)
         if hit is not None:
