@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from pdlab.config import parse_workload
-from pdlab.experiment.runner import environment
+from pdlab.environment import capture as environment
 from pdlab.load import PromptBuilder, build_schedule, read_rows, run_load, write_schedule
 from pdlab.metrics import itl_values, percentiles, request_metrics
 from pdlab.model import resolve

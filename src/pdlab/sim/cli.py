@@ -126,7 +126,8 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
                  threshold: int = typer.Option(None, help="Override the run's router threshold."),
                  budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
-                 results_copy: bool = typer.Option(True, help="Copy to data/results/sim-validation.json.")) -> None:
+                 results_copy: bool = typer.Option(
+                     True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
     from pdlab.settings import data_dir
     from pdlab.sim.validate import RunDirError, infer_shape, read_run, validate_runs
@@ -153,10 +154,12 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2) + "\n"
     (out / "validation.json").write_text(text)
-    results = data_dir() / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    if results_copy and (out / "validation.json").resolve() != (results / "sim-validation.json").resolve():
-        shutil.copyfile(out / "validation.json", results / "sim-validation.json")
+    if results_copy:
+        # Timestamped, so an earlier validation is never overwritten.
+        copy = data_dir() / "results" / "sim-validation" / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "validation.json", copy)
+        console.print(f"recorded: {copy}")
 
 
 @app.command("search")
