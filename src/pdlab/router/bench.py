@@ -37,7 +37,7 @@ HOST = "127.0.0.1"
 MODEL = "pdlab-tiny"
 PROMPT = "The quick brown fox jumps over the lazy dog while the router counts every token of this prompt."
 CONCURRENCIES = (1, 8)
-#: The reference figures measured by hand on this project's machine kind (see the issue) and the goal.
+#: Reference figures measured by hand on this machine kind (vllm-router against a stand-in), and pdlab's goal.
 REFERENCE = {"vllm_router_added_p50_ms_at_c1": "2-2.5", "vllm_router_rps_ratio_at_c8": 0.71}
 GOAL = {"pdlab_added_p50_ms_at_c1": "<= vllm_router's", "pdlab_rps_ratio_at_c8": ">= 0.80"}
 
