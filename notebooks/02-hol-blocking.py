@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 02 · Head-of-line blocking: one long prompt freezes every stream
 #
@@ -41,6 +40,7 @@ LONG_FRACTION = course.choose(0.2, 0.25)  # share of long prompts
 SHORT_TOKENS, LONG_TOKENS = 64, course.choose(4000, 4000)  # prompt lengths (tokens)
 SHORT_OUTPUT = course.choose(128, 64)  # tokens each short request streams
 CHUNK_BUDGET = 256  # the chunked instance's max_num_batched_tokens
+PORTS = (8120, 8121)  # this notebook's pair, clear of the shared 1P1D deployment's ports (8000, 8100+)
 
 # %%
 from pdlab.config.workload import MixedWorkload
@@ -49,7 +49,7 @@ from pdlab.metrics.summary import scenario_summary
 from pdlab.report import figures
 
 spec = course.lab_deployment("local-colocated", MODEL)
-default, chunked = spec.instances
+default, chunked = (inst.model_copy(update={"port": port}) for inst, port in zip(spec.instances, PORTS, strict=True))
 chunked = chunked.model_copy(update={"engine": chunked.engine.model_copy(
     update={"enable_chunked_prefill": True, "max_num_batched_tokens": CHUNK_BUDGET})})
 spec = spec.model_copy(update={"name": "course-hol", "router": None, "instances": [default, chunked]})

@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 03 · Disaggregate: prefill here, decode there
 #

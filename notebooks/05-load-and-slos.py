@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 05 · Load and SLOs: what users feel, in numbers
 #

@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 06 · The threshold's break-even: when does disaggregation stop paying?
 #

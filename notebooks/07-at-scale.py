@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 07 · At scale: the same questions on a GPU cluster, simulated
 #

@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 08 · On SageMaker HyperPod: LMCache over EFA
 #
