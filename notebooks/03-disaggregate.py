@@ -126,12 +126,13 @@ course.check(
     "the P/D path wrote exactly the tokens the prefill instance writes on its own",
     "greedy decoding must be on (temperature 0) and both instances must serve the same model",
 )
-itl = summary["short"]["itl_ms"]
+itl, during = summary["short"]["itl_ms"], summary["short_itl_during_long_prefill_ms"]
 course.check(
-    itl["max"] < 5 * itl["p50"] or summary["stalls"]["count"] <= 1,
-    f"short streams kept their pace under long prompts: longest gap {itl['max']:,.0f} ms, median "
-    f"{itl['p50']:,.0f} ms, {summary['stalls']['count']} stall(s)",
-    "re-run with nothing else busy on the machine; the decode instance must have its own core",
+    during["count"] > 0 and during["p50"] < 3 * itl["p50"],
+    f"short streams kept their pace while long prompts were prefilled: median gap {during['p50'] or 0:,.0f} ms "
+    f"during long prefills vs {itl['p50']:,.0f} ms overall ({during['count']} gaps during prefills)",
+    "if no gap fell during a prefill, raise DURATION_S or LONG_FRACTION; else re-run with nothing else busy on "
+    "the machine (the decode instance must have its own core)",
 )
 
 # %%
