@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import jupytext
@@ -20,7 +19,6 @@ from nbclient.exceptions import CellExecutionError
 
 import pdlab
 from pdlab.course import ATTACH_ENV, QUICK_ENV
-from tests.conftest import make_test_lab, pdlab_processes, run_pdlab
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
@@ -30,10 +28,7 @@ CELL_TIMEOUT_S = 300
 #: Notebooks that serve from a shared 1P1D+router deployment: they get `notebook_1p1d` through $PDLAB_ATTACH
 #: instead of starting their own (00 and 02 start theirs: bringing one up is 00's subject, 02 needs a colocated pair).
 ATTACHED = {"03-disaggregate", "04-router", "05-load-and-slos", "06-threshold-break-even"}
-#: The shared deployment: its own name and ports (8170-8179, NIXL 8220-8221), clear of conftest's `live_1p1d` and of
-#: the lab specs' ports, so a notebook run can overlap other end-to-end tests. Threshold as in the lab spec.
-NOTEBOOK_DEPLOYMENT = "pytest-notebooks"
-NOTEBOOK_ROUTER = {"port": 8179, "threshold": 512}
+
 
 
 def kernel_env(attach: str | None = None) -> dict[str, str]:
@@ -52,23 +47,6 @@ def execute(path: Path, attach: str | None = None) -> nbformat.NotebookNode:
     # The "python3" kernelspec starts sys.executable (jupyter_client substitutes it), i.e. this venv's Python.
     client.execute(env=kernel_env(attach))
     return notebook
-
-
-@pytest.fixture(scope="module")
-def notebook_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`pdlab up` one 1P1D+router deployment of the tiny model for the notebooks that share one; its name for
-    $PDLAB_ATTACH. `pdlab down` after, and no process of it may be left."""
-    lab = make_test_lab(tmp_path_factory.mktemp("labs"), NOTEBOOK_DEPLOYMENT, base_port=8170, router=NOTEBOOK_ROUTER)
-    up = run_pdlab("up", str(lab))
-    assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
-    try:
-        yield NOTEBOOK_DEPLOYMENT
-    finally:
-        down = run_pdlab("down", NOTEBOOK_DEPLOYMENT)
-        leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
-                     if "--port 817" in " ".join(p.cmdline())]
-        assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
-        assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
 
 
 def test_notebooks_exist() -> None:
