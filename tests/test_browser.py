@@ -74,7 +74,8 @@ class Lab:
 #: kernel-selection dialog (the notebook names its kernel).
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"checkForUpdates": False, "fetchNews": "false"},
-    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
+    # windowingMode none: render every cell, so the panel near the top stays in the page after Run All scrolls down.
+    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True, "windowingMode": "none"},
 }
 
 
@@ -206,10 +207,11 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
     for message in dismiss_dialogs(page):
         print(f"dismissed a JupyterLab dialog: {message}")
     run_all_cells(page)
-    page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=RUN_TIMEOUT_MS)
+    page.locator(".js-plotly-plot .main-svg").first.wait_for(state="attached", timeout=RUN_TIMEOUT_MS)
     wait_for_runs(page, 2)  # the notebook's own two settings: everything direct, then the lab's threshold
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
                            timeout=RUN_TIMEOUT_MS)
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
     page.screenshot(path=str(tmp_path / "01-notebook-ran.png"), full_page=True)
     before = figure_state(page)
     assert before["x"][0] == 8192 and before["x"][1] < 8192, before
@@ -218,6 +220,7 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
     # Drag the threshold slider's handle (the panel's first slider) past the right end of its track, as a learner
     # would: on release the kernel applies 8192 to the live router and runs a short load.
     slider = page.locator(".widget-slider").first
+    slider.scroll_into_view_if_needed()
     handle = slider.locator(".noUi-handle").bounding_box()
     track = slider.locator(".noUi-target").bounding_box()
     assert handle and track
