@@ -103,7 +103,13 @@ course.check(
 )
 
 # %% [markdown]
-# The deployment stays up while you play with the panel; run the next cell when you are done.
+# ## Your turn
+#
+# The same panel again, with the runs so far: move the threshold, the strategies, the rate and the long share.
+# The deployment stays up while you play; run the cell after it when you are done.
+
+# %%
+panel.widget
 
 # %%
 dep.stop()  # stops it only if this notebook started it

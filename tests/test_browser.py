@@ -74,8 +74,7 @@ class Lab:
 #: kernel-selection dialog (the notebook names its kernel).
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"checkForUpdates": False, "fetchNews": "false"},
-    # windowingMode none: render every cell, so the panel near the top stays in the page after Run All scrolls down.
-    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True, "windowingMode": "none"},
+    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
 }
 
 
@@ -186,33 +185,14 @@ def run_all_cells(page: Page, tries: int = 4) -> None:
 def figure_state(page: Page) -> dict:
     """What plotly.js is drawing now: the figure's title and its first trace's x values (one per run)."""
     return page.evaluate("""() => {
-        const plot = document.querySelector('.js-plotly-plot');
+        const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
         return {title: plot.layout.title.text, x: Array.from(plot.data[0].x || [])};
     }""")
 
 
-def reveal(page: Page, selector: str, step_px: int = 300) -> None:
-    """Scroll the notebook from the top until `selector` is rendered (JupyterLab may leave cells that are out of
-    view unrendered) and in view."""
-    page.evaluate("() => { for (const el of document.querySelectorAll('.jp-WindowedPanel-outer')) el.scrollTop = 0; }")
-    for _ in range(200):
-        target = page.locator(selector).first
-        if target.count():
-            target.scroll_into_view_if_needed()
-            return
-        done = page.evaluate(f"""() => {{
-            const el = document.querySelector('.jp-WindowedPanel-outer');
-            const before = el.scrollTop; el.scrollTop += {step_px}; return el.scrollTop === before;
-        }}""")
-        page.wait_for_timeout(200)
-        if done and not page.locator(selector).count():
-            break
-    pytest.fail(f"{selector} never appeared in the notebook")
-
-
 def wait_for_runs(page: Page, runs: int) -> None:
     page.wait_for_function(f"""() => {{
-        const plot = document.querySelector('.js-plotly-plot');
+        const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
         return plot && plot.data && plot.data[0].x && plot.data[0].x.length >= {runs};
     }}""", timeout=RUN_TIMEOUT_MS)
 
@@ -230,7 +210,10 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
     page.get_by_text("check passed: the router followed the live threshold").wait_for(timeout=RUN_TIMEOUT_MS)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
                            timeout=RUN_TIMEOUT_MS)
-    reveal(page, ".js-plotly-plot .main-svg")  # Run All left the view at the bottom, the panel is near the top
+    # 04 shows the panel twice, the second time near its end, where Run All leaves the view: use that one.
+    panel = page.locator(".widget-vbox", has=page.locator(".js-plotly-plot")).last
+    panel.scroll_into_view_if_needed()
+    panel.locator(".js-plotly-plot .main-svg").first.wait_for()
     wait_for_runs(page, 2)
     page.screenshot(path=str(tmp_path / "01-notebook-ran.png"), full_page=True)
     before = figure_state(page)
@@ -239,8 +222,7 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
 
     # Drag the threshold slider's handle (the panel's first slider) past the right end of its track, as a learner
     # would: on release the kernel applies 8192 to the live router and runs a short load.
-    slider = page.locator(".widget-slider").first
-    slider.scroll_into_view_if_needed()
+    slider = panel.locator(".widget-slider").first
     handle = slider.locator(".noUi-handle").bounding_box()
     track = slider.locator(".noUi-target").bounding_box()
     assert handle and track
