@@ -76,3 +76,26 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
                      if "--port 815" in " ".join(p.cmdline())]
         assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
         assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
+
+
+#: The notebooks' shared deployment (tests/test_notebooks.py, tests/test_browser.py): its own name and ports
+#: (8170-8179, NIXL 8220-8221), clear of `live_1p1d` and of the lab specs' ports, so both can be up at once.
+NOTEBOOK_DEPLOYMENT = "pytest-notebooks"
+NOTEBOOK_ROUTER = {"port": 8179, "threshold": 512}
+
+
+@pytest.fixture(scope="session")
+def notebook_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`pdlab up` one 1P1D+router deployment of the tiny model for the notebooks that share one (they attach to
+    it through $PDLAB_ATTACH); yields its name. `pdlab down` after, and no process of it may be left."""
+    lab = make_test_lab(tmp_path_factory.mktemp("labs"), NOTEBOOK_DEPLOYMENT, base_port=8170, router=NOTEBOOK_ROUTER)
+    up = run_pdlab("up", str(lab))
+    assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
+    try:
+        yield NOTEBOOK_DEPLOYMENT
+    finally:
+        down = run_pdlab("down", NOTEBOOK_DEPLOYMENT)
+        leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
+                     if "--port 817" in " ".join(p.cmdline())]
+        assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
+        assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"

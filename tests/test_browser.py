@@ -1,5 +1,7 @@
-"""A real browser drives JupyterLab: open a notebook, run all cells, move an ipywidgets slider, and check that the
-plotly FigureWidget redrew (browser -> kernel callback -> browser). Screenshots go to the test's tmp directory.
+"""A real browser drives JupyterLab: open notebook 04-router, run all cells against the notebooks' shared 1P1D
+deployment, move the router threshold slider, and check that the plotly FigureWidget redrew (browser -> kernel
+callback -> live router -> load -> browser) and that the router's /admin/config changed. Screenshots go to the
+test's tmp directory.
 
 Needs Debian's chromium (`make browser-deps`); Playwright's Python package drives it through
 executable_path, and never downloads a browser of its own.
@@ -28,6 +30,9 @@ from playwright.sync_api import Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 import pdlab
+from pdlab.course import ATTACH_ENV
+from pdlab.deploy import Deployment
+from pdlab.experiment.lab import set_router
 
 CHROMIUM = Path("/usr/bin/chromium")
 #: Loopback ports the browser tests may use.
@@ -35,8 +40,10 @@ PORT_RANGE = range(20800, 20900)
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage"]
-DEMO = Path(__file__).resolve().parent / "notebooks" / "widget-demo.py"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04-router.py"
 UI_TIMEOUT_MS = 90_000
+#: Running 04 top to bottom: two short loads, plus one more after the slider moves.
+RUN_TIMEOUT_MS = 300_000
 
 
 def free_port() -> int:
@@ -79,15 +86,17 @@ def write_lab_settings(settings_dir: Path) -> None:
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    """JupyterLab on a free loopback port with a token, serving a fresh folder; stopped (with its kernels) after."""
+def lab(tmp_path: Path, notebook_1p1d: str) -> Iterator[Lab]:
+    """JupyterLab on a free loopback port with a token, serving a fresh folder with notebook 04, its kernels
+    attached to the shared deployment; stopped (with its kernels) after."""
     root = tmp_path / "lab"
     root.mkdir()
-    jupytext.write(jupytext.read(DEMO), root / "widget-demo.ipynb")
+    jupytext.write(jupytext.read(NOTEBOOK), root / "04-router.ipynb")
     write_lab_settings(tmp_path / "lab-settings")
     port, token = free_port(), f"pdlab-test-{random.getrandbits(64):x}"
     source_root = str(Path(pdlab.__file__).resolve().parents[1])
-    env = {**os.environ, "PDLAB_QUICK": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+    env = {**os.environ, "PDLAB_QUICK": "1", ATTACH_ENV: notebook_1p1d,
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
            "PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
     log = tmp_path / "jupyterlab.log"
@@ -174,38 +183,64 @@ def run_all_cells(page: Page, tries: int = 4) -> None:
 
 
 def figure_state(page: Page) -> dict:
-    """What plotly.js is drawing now: the figure's title and its first trace's y values."""
+    """What plotly.js is drawing now: the figure's title and its first trace's x values (one per run)."""
     return page.evaluate("""() => {
-        const plot = document.querySelector('.js-plotly-plot');
-        return {title: plot.layout.title.text, y: Array.from(plot.data[0].y)};
+        const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
+        return {title: plot.layout.title.text, x: Array.from(plot.data[0].x || [])};
     }""")
 
 
-def test_slider_redraws_the_figure_widget(lab: Lab, page: Page, tmp_path: Path) -> None:
-    page.goto(lab.open_url("widget-demo.ipynb"))
+def wait_for_runs(page: Page, runs: int) -> None:
+    page.wait_for_function(f"""() => {{
+        const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
+        return plot && plot.data && plot.data[0].x && plot.data[0].x.length >= {runs};
+    }}""", timeout=RUN_TIMEOUT_MS)
+
+
+def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp_path: Path,
+                                                       notebook_1p1d: str) -> None:
+    dep = Deployment.attach(notebook_1p1d)
+    page.goto(lab.open_url("04-router.ipynb"))
     page.locator(".jp-Notebook").wait_for()
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached")
     for message in dismiss_dialogs(page):
         print(f"dismissed a JupyterLab dialog: {message}")
     run_all_cells(page)
-    page.locator(".js-plotly-plot .main-svg").first.wait_for()
-    page.locator(".widget-slider .noUi-handle").wait_for()
+    # The notebook's own two settings (everything direct, then the lab's threshold) ran when its first check did.
+    page.get_by_text("check passed: the router followed the live threshold").wait_for(timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
+                           timeout=RUN_TIMEOUT_MS)
+    # 04 shows the panel twice, the second time near its end, where Run All leaves the view: use that one.
+    panel = page.locator(".widget-vbox", has=page.locator(".js-plotly-plot")).last
+    panel.scroll_into_view_if_needed()
+    panel.locator(".js-plotly-plot .main-svg").first.wait_for()
+    wait_for_runs(page, 2)
     page.screenshot(path=str(tmp_path / "01-notebook-ran.png"), full_page=True)
     before = figure_state(page)
-    assert before == {"title": "y = x^1", "y": list(range(1, 11))}
+    assert before["x"][0] == 8192 and before["x"][1] < 8192, before
+    assert before["title"].startswith(f"threshold {before['x'][1]}:"), before
 
-    # Drag the slider's handle to the far right end of its track, as a learner would.
-    handle = page.locator(".widget-slider .noUi-handle").bounding_box()
-    track = page.locator(".widget-slider .noUi-target").bounding_box()
+    # Drag the threshold slider's handle (the panel's first slider) past the right end of its track, as a learner
+    # would: on release the kernel applies 8192 to the live router and runs a short load.
+    slider = panel.locator(".widget-slider").first
+    handle = slider.locator(".noUi-handle").bounding_box()
+    track = slider.locator(".noUi-target").bounding_box()
     assert handle and track
     page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
     page.mouse.down()
     page.mouse.move(track["x"] + track["width"] + 20, handle["y"] + handle["height"] / 2, steps=10)
     page.mouse.up()
 
-    page.wait_for_function("() => document.querySelector('.js-plotly-plot').layout.title.text === 'y = x^5'")
-    page.screenshot(path=str(tmp_path / "02-slider-moved.png"), full_page=True)
-    after = figure_state(page)
-    assert after == {"title": "y = x^5", "y": [x**5 for x in range(1, 11)]}
-    assert page.locator(".widget-slider .widget-readout").first.inner_text().strip() == "5"
+    try:
+        wait_for_runs(page, 3)
+        page.screenshot(path=str(tmp_path / "02-slider-moved.png"), full_page=True)
+        after = figure_state(page)
+        assert after["x"] == [*before["x"], 8192], after
+        assert after["title"].startswith("threshold 8192:"), after
+        assert slider.locator(".widget-readout").inner_text().strip() == "8192"
+        live = httpx.get(dep.router_url + "/admin/config", headers={"Authorization": f"Bearer {dep.admin_token}"},
+                         timeout=10).json()
+        assert live["threshold"] == 8192, live
+    finally:
+        set_router(dep, threshold=512)  # leave the shared deployment as the other notebooks expect it
     print(f"screenshots: {tmp_path}")

@@ -18,28 +18,34 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 import pdlab
-from pdlab.course import QUICK_ENV
+from pdlab.course import ATTACH_ENV, QUICK_ENV
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
 
 #: Per-notebook time limit for one cell, seconds (quick mode keeps each notebook well under a minute).
 CELL_TIMEOUT_S = 300
+#: Notebooks that serve from a shared 1P1D+router deployment: they get `notebook_1p1d` through $PDLAB_ATTACH
+#: instead of starting their own (00 and 02 start theirs: bringing one up is 00's subject, 02 needs a colocated pair).
+ATTACHED = {"03-disaggregate", "04-router", "05-load-and-slos", "06-threshold-break-even"}
 
 
-def kernel_env() -> dict[str, str]:
-    """The test's environment plus quick mode, with this pdlab's source first on the kernel's path."""
+
+def kernel_env(attach: str | None = None) -> dict[str, str]:
+    """The test's environment plus quick mode, with this pdlab's source first on the kernel's path; `attach` names
+    a running deployment for the notebook to use ($PDLAB_ATTACH)."""
     source_root = str(Path(pdlab.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, QUICK_ENV: "1", "PYTHONPATH": path}
+    env = {k: v for k, v in os.environ.items() if k != ATTACH_ENV}
+    return {**env, QUICK_ENV: "1", "PYTHONPATH": path, **({ATTACH_ENV: attach} if attach else {})}
 
 
-def execute(path: Path) -> nbformat.NotebookNode:
+def execute(path: Path, attach: str | None = None) -> nbformat.NotebookNode:
     notebook = jupytext.read(path)
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     # The "python3" kernelspec starts sys.executable (jupyter_client substitutes it), i.e. this venv's Python.
-    client.execute(env=kernel_env())
+    client.execute(env=kernel_env(attach))
     return notebook
 
 
@@ -65,9 +71,11 @@ def test_notebook_follows_the_course_pattern(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom(path: Path) -> None:
+def test_notebook_runs_top_to_bottom(path: Path, request: pytest.FixtureRequest) -> None:
+    # Only the notebooks that need it start the shared deployment (`-k 07` starts no vLLM).
+    attach = request.getfixturevalue("notebook_1p1d") if path.stem in ATTACHED else None
     try:
-        notebook = execute(path)
+        notebook = execute(path, attach)
     except CellExecutionError as error:
         pytest.fail(f"{path.name} failed in quick mode:\n{error}", pytrace=False)
     executed = [cell for cell in notebook.cells if cell.cell_type == "code"]

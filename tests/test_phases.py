@@ -81,6 +81,12 @@ def test_shape_matches_the_real_models_parameter_count(tiny) -> None:
     assert shape.dtype_bytes == 4
 
 
+def test_shape_of_dir_reads_config_json_like_the_loaded_model(tiny) -> None:
+    from pdlab import model as local_models
+
+    assert phases.shape_of_dir(local_models.resolve("pdlab-tiny")) == phases.shape_of(tiny)
+
+
 def test_measure_prefill_records_each_length(tiny) -> None:
     shape = phases.shape_of(tiny)
     samples = phases.measure_prefill(tiny, [1, 8, 32], repeats=1)

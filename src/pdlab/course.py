@@ -4,14 +4,27 @@ The measurements and figures themselves live in the library modules the notebook
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TypeVar
+
+import pandas as pd
 
 from pdlab import environment
 from pdlab import model as local_models
+from pdlab.config.deployment import DeploymentSpec
+from pdlab.config.lab import load_lab
+from pdlab.deploy import DeployError, Deployment
+from pdlab.experiment.runner import ExperimentRun
+from pdlab.load.schedule import Workload
+from pdlab.settings import repo_root
 
 #: Set to 1 to run every notebook with small parameters (CI, a first pass on a slow laptop).
 QUICK_ENV = "PDLAB_QUICK"
+#: Names a deployment already up (`pdlab up`) for notebooks to use instead of starting their own (CI shares one).
+ATTACH_ENV = "PDLAB_ATTACH"
 
 T = TypeVar("T")
 
@@ -107,3 +120,59 @@ def environment_table(env: SetupReport) -> str:
         lines.append(f"| {what} | {shown} |")
     return "\n".join(lines)
 
+
+
+def lab_deployment(lab: str | Path, model: str | None = None) -> DeploymentSpec:
+    """The deployment of a lab spec (a name under `labs/`, or a path), with its model swapped for `model`."""
+    path = Path(lab)
+    if not path.suffix:
+        root = repo_root()
+        if root is None:
+            raise FileNotFoundError(f"lab {lab!r}: give a path to the YAML file (no source checkout to find labs/ in)")
+        path = root / "labs" / f"{lab}.yaml"
+    spec = load_lab(path).main_deployment()
+    if model is not None:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": model})})
+    return spec
+
+
+def attached() -> Deployment | None:
+    """The deployment named by `$PDLAB_ATTACH` when it is up, else None (unset, or named but not running)."""
+    name = os.environ.get(ATTACH_ENV, "").strip()
+    if not name:
+        return None
+    try:
+        return Deployment.attach(name)
+    except DeployError:
+        return None
+
+
+def open_deployment(lab: str | Path | DeploymentSpec, model: str | None = None) -> Deployment:
+    """A running deployment for a notebook: the one `$PDLAB_ATTACH` names if it is up (shared, left running), else
+    a new one of `lab` (with `model`), started now. Either way `stop()` is right at the end: it stops only what
+    this call started."""
+    if (dep := attached()) is not None:
+        print(f"using the running deployment {dep.spec.name!r} (${ATTACH_ENV}); it stays up afterwards")
+        return dep
+    spec = lab if isinstance(lab, DeploymentSpec) else lab_deployment(lab, model)
+    if isinstance(lab, DeploymentSpec) and model is not None:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": model})})
+    return Deployment(spec).start()
+
+
+@contextmanager
+def deployment(lab: str | Path | DeploymentSpec, model: str | None = None) -> Iterator[Deployment]:
+    """`open_deployment` as a context manager: stops the deployment on exit unless it was attached."""
+    dep = open_deployment(lab, model)
+    try:
+        yield dep
+    finally:
+        dep.stop()
+
+
+def measure_load(dep: Deployment, workload: Workload, *, scenario: str = "load", lab: str = "course",
+                 url: str | None = None, progress: bool = True) -> pd.DataFrame:
+    """Send `workload` to the deployment (its router, else its first serving instance, or `url`) and return the
+    raw rows (one per request: class, path, send time, token times, status), saved as a run under `runs/`."""
+    with ExperimentRun(lab, workload, progress=progress) as run:
+        return run.measure(scenario, url or dep.url, model=dep.served_model, model_dir=dep.model_dir)

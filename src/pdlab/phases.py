@@ -19,11 +19,14 @@ Counting conventions (the formulas the tests check exactly):
 from __future__ import annotations
 
 import copy
+import json
 import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import plotly.colors
@@ -234,6 +237,12 @@ def load_model(name: str = "pdlab-tiny") -> LlamaForCausalLM:
 
 def shape_of(model: LlamaForCausalLM) -> ModelShape:
     return ModelShape.from_config(model.config, dtype_bytes=DTYPE_BYTES[str(model.dtype).removeprefix("torch.")])
+
+
+def shape_of_dir(model_dir: str | Path, dtype_bytes: int = 4) -> ModelShape:
+    """The shape from a model directory's `config.json`, without loading torch (e.g. a served model's)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return ModelShape.from_config(SimpleNamespace(**config), dtype_bytes=dtype_bytes)
 
 
 def _token_ids(model: LlamaForCausalLM, batch: int, tokens: int, seed: int) -> torch.Tensor:
