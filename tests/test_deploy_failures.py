@@ -80,10 +80,10 @@ def test_instance_dying_during_startup_names_it_and_shows_its_log(tmp_path):
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_no_orphans_when_the_owner_is_interrupted_or_killed(tmp_path, how):
     """Ctrl-C runs the launcher's own clean-up; SIGKILL leaves it no chance, so the guard process cleans up."""
-    lab = make_test_lab(tmp_path, f"owner-{how}", 8170 if how == "ctrl-c" else 8174)
+    lab = make_test_lab(tmp_path, f"owner-{how}", 8180 if how == "ctrl-c" else 8184)
     run_dir = tmp_path / "run"
     owner = subprocess.Popen([sys.executable, "-c", START_SCRIPT, str(lab), str(run_dir)], cwd=REPO)
-    port_marker = "--port 817"
+    port_marker = "--port 818"
     try:
         assert wait_until(lambda: len(pdlab_processes(port_marker)) >= 2, 60), "instances never started"
         time.sleep(2)  # let vLLM get into its imports
