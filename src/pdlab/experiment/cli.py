@@ -71,10 +71,11 @@ def run(
     duration: float = typer.Option(None, help="Load duration in seconds, overriding the lab's."),
     only: list[str] = typer.Option(None, help="Run only these scenarios (repeatable)."),
     out: Path = typer.Option(None, help="Run directory to write (default: runs/<lab>/<timestamp>/)."),
+    record: bool = typer.Option(False, help="Also copy summary and environment to data/results/<lab>/<run>/."),
 ) -> None:
     """Run a lab: each scenario's deployment in turn, the same workload, one run directory with a report."""
     from pdlab.deploy import DeployError
-    from pdlab.experiment.lab import LabError, run_lab
+    from pdlab.experiment.lab import LabError, record_run, run_lab
 
     spec = _load(lab)
     try:
@@ -84,6 +85,8 @@ def run(
         raise typer.Exit(code=1) from None
     print_comparison(run_dir)
     console.print(f"Run directory: {run_dir}\nReport: {run_dir / 'report.html'}")
+    if record:
+        console.print(f"Recorded: {record_run(run_dir)}")
 
 
 def demo(
@@ -92,4 +95,4 @@ def demo(
 ) -> None:
     """The lab's headline: short requests freeze behind long prompts when colocated, and flow when prefill and
     decode are disaggregated. Runs labs/hol-blocking.yaml (about 8 minutes on 2 cores)."""
-    run(_labs_dir() / DEMO_LAB, quick=quick, duration=None, only=None, out=out)
+    run(_labs_dir() / DEMO_LAB, quick=quick, duration=None, only=None, out=out, record=False)

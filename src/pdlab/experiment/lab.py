@@ -6,6 +6,8 @@ and write one run directory (see pdlab.experiment.runner) with a summary and a r
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from pdlab.config.lab import EventSpec, LabSpec
 from pdlab.deploy import Deployment
 from pdlab.experiment.runner import ExperimentRun
 from pdlab.report.figures import sweep_figure
+from pdlab.settings import data_dir
 
 
 class LabError(RuntimeError):
@@ -123,6 +126,21 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
                                              ("long-prompt TTFT p99", "long_ttft_p99_ms"))]
         run.finish(complete, figures)
     return run.dir
+
+
+RECORDED_FILES = ("summary.json", "environment.json", "workload.json", "sweep.csv")
+
+
+def record_run(run_dir: Path) -> Path:
+    """Copy a run's summary, environment and workload to data/results/<lab>/<run>/, for readers without the time
+    or the hardware to run it (raw rows and the report stay in runs/). Never overwrites a recorded run."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    target = data_dir() / "results" / summary["lab"] / run_dir.name
+    target.mkdir(parents=True, exist_ok=False)
+    for name in RECORDED_FILES:
+        if (run_dir / name).exists():
+            shutil.copyfile(run_dir / name, target / name)
+    return target
 
 
 def _headline(scenario: dict) -> dict[str, float | None]:
