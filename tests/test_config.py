@@ -93,3 +93,17 @@ def test_yaml_errors_name_the_file(tmp_path):
 @pytest.mark.parametrize("path", sorted(LABS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_labs_validate(path):
     load_lab(path)
+
+
+def test_experiment_names_must_exist():
+    base = {"name": "x", "workload": {"kind": "probe", "duration_s": 5},
+            "scenarios": {"a": one_p_one_d(router={"threshold": 10}), "b": one_p_one_d()}}
+    validate(LabSpec, {**base, "experiment": {"sweep": {"scenario": ["a"], "values": [0, 5]}}})
+    assert "experiment" in str(problems_of(LabSpec, {**base, "experiment": {"baseline_scenario": "zzz"}}))
+    needs_router = problems_of(LabSpec, {**base, "experiment": {"sweep": {"scenario": ["a", "b"], "values": [1]}}})
+    assert "needs a `router`" in str(needs_router)
+    bad_value = problems_of(LabSpec, {**base, "experiment": {"sweep": {"scenario": "a", "setting": "decode_strategy",
+                                                                       "values": ["random"]}}})
+    assert "experiment.sweep" in str(bad_value) and "values.0" in str(bad_value)
+    bad_event = problems_of(LabSpec, {**base, "experiment": {"events": [{"at_s": 1, "instance": "nope"}]}})
+    assert "experiment.events.0.instance" in str(bad_event)

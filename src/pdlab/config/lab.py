@@ -16,12 +16,16 @@ from pdlab.config.workload import WorkloadSpec
 class SweepSpec(Spec):
     """Re-run one scenario's load at each value of a router setting, changed live through the admin API."""
 
-    scenario: str
-    """The scenario (a deployment with a router) to sweep."""
+    scenario: str | list[str]
+    """The scenario (a deployment with a router) to sweep, or several, each swept the same way."""
     setting: Literal["threshold", "prefill_strategy", "decode_strategy"] = "threshold"
     """The router setting to vary."""
     values: list[int | str] = Field(min_length=1)
     """The values to measure, in order (tokens for `threshold`, strategy names for the others)."""
+
+    @property
+    def scenarios(self) -> list[str]:
+        return [self.scenario] if isinstance(self.scenario, str) else list(self.scenario)
 
     @model_validator(mode="after")
     def _values_fit_the_setting(self) -> SweepSpec:
@@ -96,13 +100,13 @@ class LabSpec(Spec):
         if exp.baseline_scenario is not None and exp.baseline_scenario not in self.scenarios:
             raise ValueError(f"experiment.baseline_scenario: {exp.baseline_scenario!r} is not one of the "
                              f"scenarios {sorted(self.scenarios)}")
-        if exp.sweep is not None:
-            swept = self.scenarios.get(exp.sweep.scenario)
+        for name in exp.sweep.scenarios if exp.sweep is not None else []:
+            swept = self.scenarios.get(name)
             if swept is None:
-                raise ValueError(f"experiment.sweep.scenario: {exp.sweep.scenario!r} is not one of the "
+                raise ValueError(f"experiment.sweep.scenario: {name!r} is not one of the "
                                  f"scenarios {sorted(self.scenarios)}")
             if swept.router is None:
-                raise ValueError("experiment.sweep.scenario: the swept scenario needs a `router`")
+                raise ValueError(f"experiment.sweep.scenario: the swept scenario {name!r} needs a `router`")
         for i, event in enumerate(exp.events):
             names = {inst.name for spec in self.scenarios.values() for inst in spec.instances}
             if event.instance not in names:

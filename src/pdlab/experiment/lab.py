@@ -102,7 +102,7 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
                 continue
             console.rule(f"{lab.name}: {name}")
             with Deployment(spec, run_dir=run.dir / name / "deployment", progress=progress, console=console) as dep:
-                if exp.sweep is not None and exp.sweep.scenario == name:
+                if exp.sweep is not None and name in exp.sweep.scenarios:
                     setting = exp.sweep.setting
                     for value in exp.sweep.values:
                         set_router(dep, **{setting: value})
