@@ -37,6 +37,7 @@ class PanelRun:
     rate: float
     long_fraction: float
     short_itl_p99_ms: float | None
+    short_itl_max_ms: float | None
     long_ttft_p50_ms: float | None
     disaggregated: int
     """Requests the router sent through prefill -> decode."""
@@ -54,6 +55,7 @@ def summarize_run(rows: pd.DataFrame) -> dict[str, float | int | None]:
     paths = rows["path"].fillna("").value_counts() if "path" in rows else pd.Series(dtype=int)
     return {
         "short_itl_p99_ms": summary.get("short", {}).get("itl_ms", {}).get("p99"),
+        "short_itl_max_ms": summary.get("short", {}).get("itl_ms", {}).get("max"),
         "long_ttft_p50_ms": summary.get("long", {}).get("ttft_ms", {}).get("p50"),
         "disaggregated": int(paths.get("disaggregated", 0)),
         "direct": int(paths.get("direct", 0)),
