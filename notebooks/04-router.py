@@ -34,8 +34,7 @@ from pdlab import course
 MODEL = course.choose("pdlab-small", "pdlab-tiny")  # the served model (ignored when $PDLAB_ATTACH names one)
 RATE = course.choose(1.5, 1.5)  # requests per second in each short load
 DURATION_S = course.choose(30, 10)  # seconds of load per setting
-LONG_FRACTION = course.choose(0.2, 0.4)  # share of long prompts
-LONG_TOKENS = course.choose(4000, 6000)  # the tiny quick-mode model prefills fast: longer prompts, clearer stalls
+LONG_FRACTION = course.choose(0.2, 0.25)  # share of 4,000-token prompts
 MAX_THRESHOLD = 8192  # the slider's right end: above every prompt, so everything goes direct
 
 # %%
@@ -67,7 +66,7 @@ print(refused.status_code, refused.json())
 
 # %%
 workload = MixedWorkload(rate=RATE, duration_s=DURATION_S, long_fraction=LONG_FRACTION, short_tokens=64,
-                         long_tokens=LONG_TOKENS, short_output_tokens=64, long_output_tokens=8, seed=0)
+                         long_tokens=4000, short_output_tokens=64, long_output_tokens=8, seed=0)
 panel = RouterPanel(dep, workload, lambda d, w: course.measure_load(d, w, lab="router", progress=False),
                     max_threshold=MAX_THRESHOLD)
 start_threshold = panel.threshold.value
