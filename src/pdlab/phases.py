@@ -139,8 +139,24 @@ class ModelShape:
         return ModelShape(**{**asdict(self), "dtype_bytes": dtype_bytes})
 
 
+class _Rates:
+    """What every timed sample derives from its `seconds`, `flops` and `bytes`."""
+
+    seconds: float
+    flops: int
+    bytes: int
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.seconds
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
 @dataclass(frozen=True)
-class PrefillSample:
+class PrefillSample(_Rates):
     """One measured prefill: a single prompt of `tokens` tokens."""
 
     tokens: int
@@ -153,17 +169,9 @@ class PrefillSample:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
-    @property
-    def flops_per_s(self) -> float:
-        return self.flops / self.seconds
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes
-
 
 @dataclass(frozen=True)
-class DecodeSample:
+class DecodeSample(_Rates):
     """One measured decode step: `batch` sequences at `context` cached tokens each, one new token each."""
 
     batch: int
@@ -176,14 +184,6 @@ class DecodeSample:
     @property
     def tokens_per_s(self) -> float:
         return self.batch / self.seconds
-
-    @property
-    def flops_per_s(self) -> float:
-        return self.flops / self.seconds
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes
 
 
 @dataclass(frozen=True)
