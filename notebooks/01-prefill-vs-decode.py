@@ -37,7 +37,7 @@ MODEL = course.choose("pdlab-small", "pdlab-tiny")  # the local model to measure
 PROMPT_LENGTHS = course.choose([4, 16, 64, 256, 1024, 2048], [4, 32, 256, 1024])  # prefill: prompt tokens
 BATCHES = course.choose([1, 2, 4, 8, 16, 32], [1, 4, 16])  # decode: sequences per step
 CONTEXTS = course.choose([128, 1024, 4096], [64, 512])  # decode: tokens already in each sequence's KV cache
-REPEATS = course.choose(5, 3)  # timed runs per point (the median is kept)
+REPEATS = course.choose(5, 3)  # timed runs per point (the fastest is kept: other work on the machine only adds time)
 
 # %%
 import pandas as pd

@@ -44,6 +44,8 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04-router.py"
 UI_TIMEOUT_MS = 90_000
 #: Running 04 top to bottom: two short loads, plus one more after the slider moves.
 RUN_TIMEOUT_MS = 300_000
+#: An output area holding a traceback.
+ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')"
 
 
 def free_port() -> int:
@@ -182,6 +184,29 @@ def run_all_cells(page: Page, tries: int = 4) -> None:
     pytest.fail(f"Run All Cells did not start the notebook in {tries} tries")
 
 
+def notebook_state(page: Page, lab: Lab) -> str:
+    """What a failure report needs: each code cell's prompt, the kernel's status, any error output, the server log."""
+    prompts = [prompt.inner_text().strip() for prompt in page.locator(".jp-CodeCell .jp-InputPrompt").all()]
+    status = page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
+    errors = [error.inner_text()[-1500:] for error in page.locator(ERROR_OUTPUT).all()]
+    return (f"cell prompts: {prompts}\nkernel status: {status}\nerror outputs: {errors or 'none'}\n"
+            f"JupyterLab log (tail):\n{lab.log.read_text()[-3000:]}")
+
+
+def wait_for_output(page: Page, lab: Lab, text: str, timeout_ms: int) -> None:
+    """Wait until a cell prints `text`; fail at once, with the traceback, if a cell raises instead, and on timeout
+    with the notebook's state (which cells ran, the kernel's status, the server's log)."""
+    wanted, error = page.get_by_text(text), page.locator(ERROR_OUTPUT)
+    deadline = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < deadline:
+        if wanted.count():
+            return
+        if error.count():
+            pytest.fail(f"a cell raised before printing {text!r}:\n{notebook_state(page, lab)}")
+        page.wait_for_timeout(1000)
+    pytest.fail(f"no cell printed {text!r} within {timeout_ms / 1000:.0f} s:\n{notebook_state(page, lab)}")
+
+
 def figure_state(page: Page) -> dict:
     """What plotly.js is drawing now: the figure's title and its first trace's x values (one per run)."""
     return page.evaluate("""() => {
@@ -207,7 +232,7 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
         print(f"dismissed a JupyterLab dialog: {message}")
     run_all_cells(page)
     # The notebook's own two settings (everything direct, then the lab's threshold) ran when its first check did.
-    page.get_by_text("check passed: the router followed the live threshold").wait_for(timeout=RUN_TIMEOUT_MS)
+    wait_for_output(page, lab, "check passed: the router followed the live threshold", RUN_TIMEOUT_MS)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
                            timeout=RUN_TIMEOUT_MS)
     # 04 shows the panel twice, the second time near its end, where Run All leaves the view: use that one.

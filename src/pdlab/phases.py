@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -252,14 +251,10 @@ def _token_ids(model: LlamaForCausalLM, batch: int, tokens: int, seed: int) -> t
     return torch.randint(4, model.config.vocab_size, (batch, tokens), generator=generator)
 
 
-def _median_seconds(run: Any, repeats: int) -> float:
-    run()  # warm-up: first-call allocations and kernel selection are not what we want to time
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _fastest_seconds(run: Any, repeats: int) -> float:
+    """The fastest of `repeats` timed runs: other processes on a shared machine only ever add time, so the minimum
+    is the best estimate of what the step itself costs (the median drifts with whatever else is busy)."""
+    return min(_repeat_times(run, repeats))
 
 
 def measure_prefill(model: LlamaForCausalLM, lengths: Sequence[int], repeats: int = 3, seed: int = 0
@@ -280,7 +275,7 @@ def measure_prefill(model: LlamaForCausalLM, lengths: Sequence[int], repeats: in
                 model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True,
                       logits_to_keep=1)
 
-            seconds = _median_seconds(run, repeats)
+            seconds = _fastest_seconds(run, repeats)
             samples.append(PrefillSample(tokens, seconds, shape.prefill_flops(tokens), shape.prefill_bytes(tokens)))
     return samples
 
@@ -317,7 +312,7 @@ def measure_decode(model: LlamaForCausalLM, batches: Sequence[int], contexts: Se
                     model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True)
                     cache.crop(-1)  # drop the token just added: every timed step sees `context` cached tokens
 
-                seconds = _median_seconds(step, repeats)
+                seconds = _fastest_seconds(step, repeats)
                 ended = (cache.get_seq_length(), cache.layers[0].keys.shape[0])
                 if ended != (context, batch):  # the timing would be of another shape than the one recorded
                     raise RuntimeError(f"decode cache ended at {ended[0]} tokens x {ended[1]} sequences, "
@@ -344,7 +339,7 @@ def measure_cpu_peaks(matmul_size: int = 512, copy_mib: int = 256, repeats: int 
 
 
 def _repeat_times(run: Any, repeats: int) -> list[float]:
-    run()
+    run()  # warm-up: first-call allocations and kernel selection are not what we want to time
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
