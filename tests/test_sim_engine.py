@@ -7,7 +7,7 @@ import pytest
 from pdlab.config.router import RouterSettings
 from pdlab.config.sim import SimSpec
 from pdlab.sim.catalog import load_catalog
-from pdlab.sim.costs import FittedCost, RooflineCost, TransferCost, chunk_attention
+from pdlab.sim.costs import FittedCost, RooflineCost, ServingOverheads, TransferCost, chunk_attention
 from pdlab.sim.engine import Instance, Link, Simulation
 from pdlab.sim.scenario import prepare, simulate
 from pdlab.sim.summary import token_times
@@ -42,6 +42,37 @@ def test_one_disaggregated_request_ttft_is_queue_plus_prefill_plus_transfer_plus
     assert times[1] - times[0] == pytest.approx(COST.step_time(0, 0, 1, 501))
     assert len(times) == 3 and request.finish == times[-1]
     assert prefill.kv_used == 0 and decode.kv_used == 0 and decode.running == 0 and decode.context == 0
+
+
+def test_serving_overheads_delay_the_request_and_the_hand_off_by_exactly_their_amounts() -> None:
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    arrival = Arrival(at_s=1.0, prompt_tokens=500, output_tokens=3, cls="long")
+
+    def first_token(overheads: ServingOverheads | None) -> float:
+        sim = Simulation(router=RouterSettings(threshold=100), prefill=[instance("p", "prefill", link=Link(transfer))],
+                         decode=[instance("d", "decode")], overheads=overheads)
+        [request] = sim.run([arrival])
+        return token_times(request)[0]
+
+    plain = first_token(None)
+    assert first_token(ServingOverheads(request_s=0.02)) == pytest.approx(plain + 0.02)
+    assert first_token(ServingOverheads(request_s=0.02, handoff_s=0.005)) == pytest.approx(plain + 0.025)
+
+
+def test_step_variation_draws_from_the_quantiles_and_keeps_the_mean_step() -> None:
+    quantiles = (0.5, 1.0, 1.5)  # uniform between 0.5 and 1.5: mean 1
+    factors = ServingOverheads(step_quantiles=quantiles).step_factors(seed=3)
+    drawn = [next(factors) for _ in range(20_000)]
+    assert min(drawn) >= 0.5 and max(drawn) <= 1.5
+    assert sum(drawn) / len(drawn) == pytest.approx(1.0, abs=0.01)
+    inst = instance("colocated-0", "colocated")
+    sim = Simulation(router=RouterSettings(), colocated=[inst], overheads=ServingOverheads(step_quantiles=quantiles))
+    [request] = sim.run([Arrival(0.0, 10, 400, "short")])
+    gaps = [b - a for a, b in zip(token_times(request), token_times(request)[1:], strict=False)]
+    nominal = COST.step_time(0, 0, 1, 200)
+    assert min(gaps) < 0.8 * nominal and max(gaps) > 1.2 * nominal  # steps vary...
+    assert sum(gaps) / len(gaps) == pytest.approx(nominal, rel=0.05)  # ...around the cost model's time
 
 
 def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:

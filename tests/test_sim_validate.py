@@ -18,6 +18,9 @@ from pdlab.sim.summary import token_times
 from pdlab.sim.validate import RunDirError, read_run, validate_runs
 
 TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6))
+#: The engine settings the synthetic runs were simulated with (SimSpec's defaults), recorded in their summary.json
+#: as a measured run records its deployment's: without them, validation assumes vLLM's CPU defaults.
+SIMULATED_ENGINE = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
 
 
 def write_profile(path: Path, cost: FittedCost) -> Path:
@@ -53,7 +56,8 @@ def make_run(run_dir: Path, profile: Path, pools: dict, threshold: int = 1024) -
             writer.writerow([r.id, clock + r.arrival.at_s, r.arrival.cls, r.arrival.prompt_tokens,
                              r.arrival.output_tokens, r.path, "true", json.dumps(times)])
         writer.writerow([99, clock, "short", 10, 5, "direct", "false", "[]"])  # a failed request is skipped
-    roles = [{"name": f"{role}-{i}", "role": role} for role, n in pools.items() for i in range(n)]
+    roles = [{"name": f"{role}-{i}", "role": role, "engine": SIMULATED_ENGINE}
+             for role, n in pools.items() for i in range(n)]
     (run_dir / "summary.json").write_text(json.dumps({"deployment": {"instances": roles,
                                                                      "router": {"threshold": threshold}}}))
     return run_dir
@@ -114,26 +118,46 @@ def calibration_requests() -> list[dict]:
     return requests
 
 
-def test_calibration_from_runs_recovers_the_costs_that_made_them(tmp_path: Path) -> None:
-    from pdlab.sim.calibrate import calibrate_from_runs
+def write_run_with_overheads(run_dir: Path, profile: Path, pools: dict, requests: list[dict]) -> Path:
+    """A run directory whose times come from a simulation under `profile` (which may carry overheads)."""
+    spec = SimSpec.model_validate({"model": "pdlab-small", "profile": str(profile), "dtype_bytes": 4,
+                                   "link": {"name": "local-loopback"}, "pools": pools,
+                                   "router": {"threshold": 1024}, "workload": {"requests": requests}})
+    _, sim = simulate(spec)
+    run_dir.mkdir(parents=True)
+    with (run_dir / "requests.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["start_s", "cls", "prompt_tokens", "output_tokens", "path", "token_times"])
+        for r in sim.requests:
+            writer.writerow([r.arrival.at_s, r.arrival.cls, r.arrival.prompt_tokens, r.arrival.output_tokens, r.path,
+                             " ".join(repr(float(t)) for t in token_times(r))])
+    roles = [{"name": f"{role}-{i}", "role": role, "engine": SIMULATED_ENGINE}
+             for role, n in pools.items() for i in range(n)]
+    (run_dir / "summary.json").write_text(json.dumps({"deployment": {"instances": roles,
+                                                                     "router": {"threshold": 1024}}}))
+    return run_dir
+
+
+def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load(tmp_path: Path) -> None:
+    from pdlab.sim.calibrate import fit_to_runs
 
     truth = write_profile(tmp_path / "truth.json", TRUTH)
-    spec = SimSpec.model_validate({"model": "pdlab-small", "profile": str(truth), "dtype_bytes": 4,
-                                   "pools": {"colocated": 1}, "workload": {"requests": calibration_requests()}})
-    _, sim = simulate(spec)
-    run = tmp_path / "calibration-run"
-    run.mkdir()
-    with (run / "requests.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["start_s", "cls", "prompt_tokens", "output_tokens", "token_times"])
-        for r in sim.requests:
-            writer.writerow([r.arrival.at_s, r.arrival.cls, r.arrival.prompt_tokens, r.arrival.output_tokens,
-                             " ".join(repr(float(t)) for t in token_times(r))])
-    profile = calibrate_from_runs([run], model="pdlab-small")
-    fitted = FittedCost(tuple(profile["coefficients"]))
-    assert profile["fit_error_pct"]["max"] < 2
-    for n in (256, 3000):  # prefill time of prompts it never saw
-        assert fitted.step_time(n, n * n / 2, 0, 0) == pytest.approx(TRUTH.step_time(n, n * n / 2, 0, 0), rel=0.03)
-    for batch in (1, 3):
-        assert fitted.step_time(0, 0, batch, batch * 100) == pytest.approx(
-            TRUTH.step_time(0, 0, batch, batch * 100), rel=0.05)
+    profile = json.loads(truth.read_text())
+    profile["overheads"] = {"request_ms": 12.0, "handoff_ms": 6.0}
+    truth.write_text(json.dumps(profile))
+    runs = [write_run_with_overheads(tmp_path / "calib-colocated", truth, {"colocated": 1}, calibration_requests()),
+            write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
+                                     calibration_requests())]
+    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=600)
+    assert fitted["fit_error_pct"]["max"] < 5, fitted["fit_error_pct"]
+    # The per-request overhead trades off against the per-step constant in TTFT; only their sum is pinned down.
+    assert 0 < fitted["overheads"]["request_ms"] < 30
+    # Synthetic steps vary only as their context grows within a (batch, context) group.
+    assert fitted["overheads"]["step_quantiles"] == pytest.approx([1.0] * 101, rel=0.02)
+    out = tmp_path / "fitted.json"
+    out.write_text(json.dumps(fitted))
+    # A load the fit never saw (the hol-blocking shape), on both deployments: the fitted profile predicts it.
+    held_out = [make_run(tmp_path / "hol-colocated", truth, {"colocated": 1}),
+                make_run(tmp_path / "hol-1p1d", truth, {"prefill": 1, "decode": 1})]
+    report = validate_runs(held_out, out, model="pdlab-small")
+    assert report["max_error_pct"] < 10, report

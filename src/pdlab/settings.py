@@ -27,6 +27,11 @@ DEFAULT_MODEL = "pdlab-small"
 #: Environment variable holding the router's admin bearer token when a lab spec does not set one.
 ADMIN_TOKEN_ENV = "PDLAB_ADMIN_TOKEN"
 
+#: vLLM's scheduler defaults for its OpenAI server on CPU (vllm/engine/arg_utils.py, "cpu specific default
+#: values"): a 3,000-token prompt is prefilled in two chunks. The simulator uses them to replay local runs.
+VLLM_CPU_MAX_NUM_BATCHED_TOKENS = 2048
+VLLM_CPU_MAX_NUM_SEQS = 128
+
 #: Seconds an instance may take to become healthy before pdlab gives up (vLLM CPU start-up is ~100 s on 2 cores).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 

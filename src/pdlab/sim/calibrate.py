@@ -99,59 +99,133 @@ def calibrate(model_name: str, grid: CalibrationGrid | None = None,
     return profile
 
 
-def points_from_runs(rows: list, min_samples: int = 3) -> list[CalibrationPoint]:
-    """Step observations read off measured requests (validate.MeasuredRequest rows of one run):
-
-    - a request served directly that had the instance to itself until its first token gives a prefill point
-      (TTFT = one whole-prompt prefill step);
-    - an inter-token gap during which no request was prefilling gives a decode point, with batch = the requests
-      streaming at that moment and context = their prompt plus tokens so far. Gaps are grouped by (batch, context
-      bucket) and each group's median kept (at least `min_samples` gaps per group).
-
-    Runs with one streaming instance only (one colocated replica, or 1P1D, whose decode instance streams every
-    request): with several replicas, concurrency on one would be mistaken for concurrency on another. In 1P1D, a
-    disaggregated request joining the decode batch costs one decode step, so its gaps count like any other.
-    """
+def quiet_gaps(rows: list, bucket_tokens: int = 64) -> list[tuple[int, int, float]]:
+    """Inter-token gaps during which no request was prefilling on an instance that streams (requests served
+    directly prefill there; disaggregated ones elsewhere), as (requests streaming, their mean context rounded to
+    `bucket_tokens`, gap seconds). Gaps that overlap a prefill are stalls, not the variation of a step."""
     from bisect import bisect_right
 
-    import numpy as np
-
     served = [r for r in rows if r.token_times]
-    direct = [r for r in served if r.path != "disaggregated"]  # prefilled on the instance that streams them
-    prefilling = [(r.start, r.token_times[0]) for r in direct]
-    points: list[CalibrationPoint] = []
-    for r in direct:
-        first = r.token_times[0]
-        if not any(o is not r and o.start < first and o.token_times[-1] > r.start for o in served):
-            points.append(CalibrationPoint(r.prompt_tokens, 0, 0, 0, first - r.start))
-    groups: dict[tuple[int, int], list[float]] = {}
+    prefilling = [(r.start, r.token_times[0]) for r in served if r.path != "disaggregated"]
+    gaps = []
     for r in served:
         for i in range(1, len(r.token_times)):
             lo, hi = r.token_times[i - 1], r.token_times[i]
             if any(s < hi and e > lo for s, e in prefilling):
                 continue
             streaming = [o for o in served if o.token_times[0] <= lo and o.token_times[-1] >= hi]
-            contexts = [o.prompt_tokens + bisect_right(o.token_times, lo) for o in streaming]
-            bucket = int(round(np.mean(contexts) / 64.0)) * 64
-            groups.setdefault((len(streaming), bucket), []).append(hi - lo)
-    for (batch, context), gaps in sorted(groups.items()):
-        if len(gaps) >= min_samples and context > 0:
-            points.append(CalibrationPoint(0, 0, batch, context, float(np.median(gaps))))
-    return points
+            context = sum(o.prompt_tokens + bisect_right(o.token_times, lo) for o in streaming) / len(streaming)
+            gaps.append((len(streaming), int(round(context / bucket_tokens)) * bucket_tokens, hi - lo))
+    return gaps
 
 
-def calibrate_from_runs(run_dirs: list, model: str) -> dict:
-    """Fit a profile on measured runs' per-request token timestamps (see points_from_runs)."""
-    from pdlab.sim.validate import read_run
+def step_quantiles(runs_rows: list[list], points: int = 101, min_group: int = 20,
+                   tail: float = 0.001) -> tuple[float, ...]:
+    """How much steps vary around their typical time: quiet inter-token gaps divided by the median gap of their
+    (run, batch, context) group, as quantiles at `points` evenly spaced probabilities. The outer `tail` on each
+    side is clipped: a single freak gap (a page fault, a log rotation) would otherwise stretch the sampler's top
+    interval across every step that draws from it."""
+    import numpy as np
 
-    points: list[CalibrationPoint] = []
-    for run_dir in run_dirs:
-        rows, _ = read_run(run_dir)
-        points += points_from_runs(rows)
-    if len(points) < 2:
-        raise ValueError("the runs gave fewer than two usable step observations (isolated requests or decode-only "
-                         "gaps); calibrate on runs with requests spaced apart")
-    profile = fit_profile(points, model=model,
-                          source="pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs))
-    profile["dtype_bytes"] = 4
-    return profile
+    ratios: list[float] = []
+    for rows in runs_rows:
+        groups: dict[tuple[int, int], list[float]] = {}
+        for batch, context, gap in quiet_gaps(rows):
+            groups.setdefault((batch, context), []).append(gap)
+        for gaps in groups.values():
+            if len(gaps) >= min_group:
+                median = float(np.median(gaps))
+                ratios += [g / median for g in gaps]
+    if not ratios:
+        return ()
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    clipped = np.clip(ratios, low, high)
+    return tuple(float(q) for q in np.quantile(clipped, np.linspace(0.0, 1.0, points)))
+
+
+#: Where the search starts its step costs when not told: the profile shipped for the local model.
+DEFAULT_START_PROFILE = "pdlab-small-vllm-cpu"
+#: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s, s): a coefficient the
+#: start profile has at zero is searched from here (the search is in log space, so it cannot start at zero).
+_START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 5e-3, 5e-3)
+#: Nelder-Mead restarts from its own result: each restart rebuilds the simplex, which gets it out of the flat spots
+#: that percentiles of a discrete simulation leave in the objective.
+_RESTARTS = 3
+
+
+def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 600,
+                progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Fit step costs and serving overheads so that replaying the calibration runs in the simulator reproduces
+    their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean squared log error, in log space (costs stay
+    positive). Step-time variation is read off the runs' quiet inter-token gaps first (`step_quantiles`) and held.
+
+    Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
+    one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
+    percentiles the simulator is asked to predict are; the simulator's structure (scheduler, token budget, P/D
+    hand-off) carries the rest. Validate on other runs than these."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import numpy as np
+    from scipy.optimize import minimize
+
+    from pdlab.environment import capture
+    from pdlab.sim.costs import FEATURES, FittedCost, ServingOverheads, load_profile
+    from pdlab.sim.scenario import prepare, resolve_profile, simulate
+    from pdlab.sim.validate import compare, replay_of
+
+    start_path = resolve_profile(Path(start or DEFAULT_START_PROFILE))
+    start_cost, start_profile = load_profile(start_path)
+    start_overheads = ServingOverheads.from_json(start_profile.get("overheads"))
+    replays = [replay_of(Path(d), start_path, model=model) for d in run_dirs]
+    quantiles = step_quantiles([r.rows for r in replays])
+    prepared = [prepare(r.spec) for r in replays]
+
+    def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads]:
+        values = np.exp(x)
+        return FittedCost(tuple(float(v) for v in values[:5])), ServingOverheads(  # type: ignore[arg-type]
+            float(values[5]), float(values[6]), quantiles)
+
+    def errors(x: np.ndarray) -> list[dict]:
+        cost, overheads = unpack(x)
+        out = []
+        for replay, ready in zip(replays, prepared, strict=True):
+            simulated, _ = simulate(replay.spec, prepared=replace(ready, cost=cost, overheads=overheads),
+                                    requests=replay.arrivals)
+            out += list(compare(replay.measured, simulated).values())
+        return out
+
+    evaluations = 0
+
+    def objective(x: np.ndarray) -> float:
+        nonlocal evaluations
+        evaluations += 1
+        if evaluations % 50 == 0:
+            progress(f"fit: {evaluations} simulations of {len(replays)} runs")
+        found = errors(x)
+        return float(np.mean([np.log(e["simulated"] / e["measured"]) ** 2 for e in found])) if found else 0.0
+
+    x0 = np.log(np.maximum([*start_cost.coefficients, start_overheads.request_s, start_overheads.handoff_s],
+                           _START_FLOORS))
+    x = x0
+    for _ in range(_RESTARTS):
+        result = minimize(objective, x, method="Nelder-Mead",
+                          options={"maxfev": max_evaluations // _RESTARTS, "xatol": 1e-3, "fatol": 1e-6,
+                                   "adaptive": True})
+        x = result.x
+    cost, overheads = unpack(result.x)
+    final = [e["error_pct"] for e in errors(result.x)]
+    return {
+        "kind": "fitted",
+        "model": model,
+        "features": list(FEATURES),
+        "coefficients": list(cost.coefficients),
+        "overheads": overheads.to_json(),
+        "fit_error_pct": {"mean": float(np.mean(final)), "max": float(np.max(final)),
+                          "of": "p50/p99 TTFT and ITL per class, simulated vs measured, on the calibration runs"},
+        "fit": {"method": "Nelder-Mead on mean squared log error, via the simulator", "start": str(start_path),
+                "evaluations": evaluations, "objective": float(result.fun)},
+        "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs),
+        "dtype_bytes": 4,
+        "environment": capture(),
+    }

@@ -64,17 +64,25 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
 def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog model to measure."),
                   out: Path = typer.Option(None, help="Profile JSON (default data/results/sim-profile-MODEL.json)."),
                   from_runs: list[Path] = typer.Option(None, "--from-runs", help="Fit on these measured run "
-                                                       "directories instead of measuring with torch."),
+                                                       "directories (scenario directories of `pdlab run`) instead "
+                                                       "of measuring with torch."),
+                  start: str = typer.Option(None, help="--from-runs: profile the search starts from (default: "
+                                            "the shipped pdlab-small-vllm-cpu)."),
+                  evaluations: int = typer.Option(900, min=10, help="--from-runs: simulations the fit may run."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
-    """Fit the local model's step costs: measured with torch (one thread), or read off measured runs."""
+    """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
+    measured runs (step costs plus serving overheads and step-time variation)."""
+    from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
-    from pdlab.sim.calibrate import CalibrationGrid, calibrate, calibrate_from_runs
+    from pdlab.sim.calibrate import CalibrationGrid, calibrate, fit_to_runs
     from pdlab.sim.validate import RunDirError
 
     if from_runs:
         try:
-            profile = calibrate_from_runs(from_runs, model)
-        except (RunDirError, ValueError) as error:
+            with console.status(f"fitting {model} to {len(from_runs)} runs ...") as status:
+                profile = fit_to_runs(from_runs, model, start=start, max_evaluations=evaluations,
+                                      progress=lambda what: status.update(what))
+        except (RunDirError, ConfigError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")
             raise typer.Exit(code=2) from None
     else:
@@ -84,7 +92,8 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     out = out or data_dir() / "results" / f"sim-profile-{model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
-    console.print(f"fitted {len(profile['points'])} points, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
+    fitted = f"{len(profile['points'])} points" if "points" in profile else f"{len(from_runs)} runs"
+    console.print(f"fitted {fitted}, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
                   f"max {profile['fit_error_pct']['max']:.1f}%: {out}")
 
 

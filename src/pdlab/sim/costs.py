@@ -148,8 +148,48 @@ def fit_profile(points: list[CalibrationPoint], model: str, source: str) -> dict
     }
 
 
+@dataclass(frozen=True)
+class ServingOverheads:
+    """What a request pays outside the engine's steps, and how much steps vary, on a real server.
+
+    - `request_s`: from the client sending to the instance's scheduler seeing it (HTTP, the router's token count
+      and choice, vLLM's own tokenization): added to every TTFT;
+    - `handoff_s`: on the P/D path, from prefill's answer to the decode instance starting to pull the KV (the
+      router's second request);
+    - `step_quantiles`: the distribution of a step's time relative to its cost model (quantiles at evenly spaced
+      probabilities, from 0 to 1): on a shared CPU, other processes, the API server's streaming and Python's
+      garbage collector stretch some steps, which is what sets the p99 of inter-token latency. Empty: no variation.
+    Zero for roofline (GPU) costs, which describe the engine alone."""
+
+    request_s: float = 0.0
+    handoff_s: float = 0.0
+    step_quantiles: tuple[float, ...] = ()
+
+    def step_factors(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
+        """An endless supply of step-time factors drawn from `step_quantiles` (1.0 when there are none)."""
+        if not self.step_quantiles:
+            while True:
+                yield 1.0
+        rng = np.random.default_rng(seed)
+        probs = np.linspace(0.0, 1.0, len(self.step_quantiles))
+        while True:
+            yield from np.interp(rng.random(block), probs, self.step_quantiles).tolist()
+
+    def to_json(self) -> dict:
+        return {"request_ms": self.request_s * 1e3, "handoff_ms": self.handoff_s * 1e3,
+                "step_quantiles": list(self.step_quantiles)}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ServingOverheads:
+        data = data or {}
+        return cls(request_s=float(data.get("request_ms", 0.0)) / 1e3,
+                   handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
+                   step_quantiles=tuple(float(q) for q in data.get("step_quantiles", ())))
+
+
 def load_profile(path: str | Path) -> tuple[FittedCost, dict]:
-    """Read a fitted profile JSON (as written by `pdlab sim calibrate` or `fit_profile`)."""
+    """Read a fitted profile JSON (as written by `pdlab sim calibrate` or `fit_profile`); its serving overheads,
+    if any, are `ServingOverheads.from_json(profile.get("overheads"))`."""
     profile = json.loads(Path(path).read_text())
     if profile.get("kind") != "fitted" or list(profile.get("features", [])) != list(FEATURES):
         raise ValueError(f"{path}: not a pdlab fitted cost profile (kind 'fitted' with features {FEATURES})")

@@ -22,7 +22,7 @@ import simpy
 
 from pdlab.config.router import RouterSettings
 from pdlab.router.strategies import ReplicaState, RequestFeatures, RoutingStrategy, decide_path, make_strategy
-from pdlab.sim.costs import StepCost, TransferCost, chunk_attention
+from pdlab.sim.costs import ServingOverheads, StepCost, TransferCost, chunk_attention
 from pdlab.sim.workload import Arrival
 
 
@@ -117,8 +117,11 @@ class Simulation:
     """A deployment of instances behind pdlab's routing decisions, driven by a list of arrivals."""
 
     def __init__(self, *, router: RouterSettings, colocated: Sequence[Instance] = (),
-                 prefill: Sequence[Instance] = (), decode: Sequence[Instance] = (), record: bool = False):
+                 prefill: Sequence[Instance] = (), decode: Sequence[Instance] = (), record: bool = False,
+                 overheads: ServingOverheads | None = None, seed: int = 0):
         self.router = router
+        self.overheads = overheads or ServingOverheads()
+        self._step_factors = self.overheads.step_factors(seed)
         self.prefill_pool = list(prefill)
         self.decode_pool = list(colocated) or list(decode)
         self.prefill_strategy: RoutingStrategy = make_strategy(router.prefill_strategy)
@@ -150,9 +153,10 @@ class Simulation:
 
     def _clients(self):
         env = self.env
+        delay = self.overheads.request_s  # sent at at_s, seen by the router and the instance this much later
         for request in sorted(self.requests, key=lambda r: r.arrival.at_s):
-            if request.arrival.at_s > env.now:
-                yield env.timeout(request.arrival.at_s - env.now)
+            if request.arrival.at_s + delay > env.now:
+                yield env.timeout(request.arrival.at_s + delay - env.now)
             self._arrive(request)
 
     def _serve(self, inst: Instance):
@@ -166,7 +170,7 @@ class Simulation:
                 inst.idle = None
                 continue
             chunks, duration = step
-            yield env.timeout(duration)
+            yield env.timeout(duration * next(self._step_factors))
             self._end_step(inst, chunks)
 
     # -- router -------------------------------------------------------------------------------------------------
@@ -280,6 +284,17 @@ class Simulation:
 
     # -- P/D hand-off -------------------------------------------------------------------------------------------
     def _prefill_done(self, prefill: Instance, request: SimRequest) -> None:
+        if self.overheads.handoff_s > 0:
+            self.env.process(self._handoff(prefill, request))
+        else:
+            self._hand_to_decode(prefill, request)
+
+    def _handoff(self, prefill: Instance, request: SimRequest):
+        """The router's second hop: prefill's answer travels back and the decode request goes out."""
+        yield self.env.timeout(self.overheads.handoff_s)
+        self._hand_to_decode(prefill, request)
+
+    def _hand_to_decode(self, prefill: Instance, request: SimRequest) -> None:
         decode = self._choose(self.decode_strategy, self.decode_pool, request)
         request.decode_instance = decode.name
         self.decisions.append((request.id, request.path, request.prefill_instance, decode.name))

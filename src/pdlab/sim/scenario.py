@@ -9,7 +9,7 @@ from pathlib import Path
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimSpec
 from pdlab.sim.catalog import Catalog, Link, ModelShape, catalog_dir, load_catalog
-from pdlab.sim.costs import RooflineCost, StepCost, TransferCost, load_profile
+from pdlab.sim.costs import RooflineCost, ServingOverheads, StepCost, TransferCost, load_profile
 from pdlab.sim.engine import Instance, Simulation
 from pdlab.sim.engine import Link as LinkQueue
 from pdlab.sim.summary import summarize
@@ -26,6 +26,7 @@ class Prepared:
     link: Link
     kv_capacity: int
     cost_source: str
+    overheads: ServingOverheads
 
 
 def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
@@ -54,8 +55,10 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     model: ModelShape = catalog.get("models", spec.model)
     kv_per_token = model.kv_bytes_per_token(spec.dtype_bytes)
     engine = spec.engine
+    overheads = ServingOverheads()
     if spec.profile is not None:
         cost, profile = load_profile(resolve_profile(spec.profile))
+        overheads = ServingOverheads.from_json(profile.get("overheads"))
         source = f"fitted profile {spec.profile} ({profile.get('source', '')})"
         capacity = engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token)
     else:
@@ -68,7 +71,7 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
             raise ValueError(f"{spec.model} does not fit on {engine.tensor_parallel} x {spec.hardware}: "
                              "raise engine.tensor_parallel")
         capacity = engine.kv_cache_tokens or int(free // kv_per_token)
-    return Prepared(spec, model, cost, resolve_link(spec, catalog), capacity, source)
+    return Prepared(spec, model, cost, resolve_link(spec, catalog), capacity, source, overheads)
 
 
 def build(prepared: Prepared) -> Simulation:
@@ -89,6 +92,7 @@ def build(prepared: Prepared) -> Simulation:
         colocated=[instance(f"colocated-{i}", "colocated") for i in range(pools.colocated)],
         prefill=[instance(f"prefill-{i}", "prefill") for i in range(pools.prefill)],
         decode=[instance(f"decode-{i}", "decode") for i in range(pools.decode)],
+        overheads=prepared.overheads,
     )
 
 

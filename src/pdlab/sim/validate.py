@@ -24,7 +24,7 @@ import numpy as np
 from pdlab.config.sim import SimSpec
 from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
-from pdlab.settings import DEFAULT_ROUTING_THRESHOLD
+from pdlab.settings import DEFAULT_ROUTING_THRESHOLD, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
 from pdlab.sim.scenario import simulate
 from pdlab.sim.workload import Arrival
 
@@ -61,7 +61,9 @@ class RunShape:
     prefill: int = 0
     decode: int = 0
     threshold: int = DEFAULT_ROUTING_THRESHOLD
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = VLLM_CPU_MAX_NUM_BATCHED_TOKENS
+    """vLLM's own default where the run's engine settings left it unset (the runs validated are local, CPU)."""
+    max_num_seqs: int = VLLM_CPU_MAX_NUM_SEQS
 
 
 def _rows_file(run_dir: Path) -> Path:
@@ -147,9 +149,11 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
         role = inst.get("role")
         if role in ("colocated", "prefill", "decode"):
             setattr(shape, role, getattr(shape, role) + 1)
-        budget = (inst.get("engine") or {}).get("max_num_batched_tokens")
-        if budget:
-            shape.max_num_batched_tokens = int(budget)
+        engine = inst.get("engine") or {}
+        if engine.get("max_num_batched_tokens"):
+            shape.max_num_batched_tokens = int(engine["max_num_batched_tokens"])
+        if engine.get("max_num_seqs"):
+            shape.max_num_seqs = int(engine["max_num_seqs"])
     router = summary.get("router") or deployment.get("router") or {}
     if router.get("threshold") is not None:
         shape.threshold = int(router["threshold"])
@@ -180,7 +184,19 @@ def _pcts(values: np.ndarray) -> dict:
     return {"p50": float(p50), "p99": float(p99)}
 
 
-def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+@dataclass
+class Replay:
+    """A measured run ready to be simulated again and again (e.g. by a fit): its spec, arrivals and measurements."""
+
+    run_dir: Path
+    rows: list[MeasuredRequest]
+    shape: RunShape
+    spec: SimSpec
+    arrivals: list[Arrival]
+    measured: dict
+
+
+def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> Replay:
     rows, summary = read_run(run_dir)
     shape = shape or infer_shape(rows, summary)
     origin = min(r.start for r in rows)
@@ -190,13 +206,16 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
         "name": run_dir.name, "model": model, "profile": str(profile), "dtype_bytes": 4,
         "link": {"name": "local-loopback"},
         "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
-        "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens},
+        "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs},
         "router": {"threshold": shape.threshold},
         "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
                                    "output_tokens": a.output_tokens, "cls": a.cls} for a in arrivals]},
     })
-    simulated, _ = simulate(spec, requests=arrivals)
-    measured = measured_metrics(rows)
+    return Replay(run_dir, rows, shape, spec, arrivals, measured_metrics(rows))
+
+
+def compare(measured: dict, simulated: dict) -> dict:
+    """Per `class.metric.percentile`: measured, simulated and the error in percent of the measured value."""
     errors = {}
     for cls, metrics in measured.items():
         for metric, pct in METRICS:
@@ -205,7 +224,14 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
                 continue
             errors[f"{cls}.{metric}.{pct}"] = {"measured": real, "simulated": sim,
                                               "error_pct": abs(sim - real) / real * 100}
-    return {"run": str(run_dir), "shape": shape.__dict__, "errors": errors,
+    return errors
+
+
+def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+    replay = replay_of(run_dir, profile, model=model, shape=shape)
+    simulated, _ = simulate(replay.spec, requests=replay.arrivals)
+    errors = compare(replay.measured, simulated)
+    return {"run": str(run_dir), "shape": replay.shape.__dict__, "errors": errors,
             "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
 
 
