@@ -195,6 +195,8 @@ _DELETE = object()
         ("cluster.decode.efa_interfaces", 64, "cluster.decode.efa_interfaces"),
         ("cluster.decode.efa_interfaces", 0, "cluster.decode.efa_interfaces"),
         ("cluster.prefill.tensor_parallel_size", 3, "cluster.prefill.tensor_parallel_size"),
+        ("cluster.decode.gpus", 2, "cluster.decode.tensor_parallel_size"),
+        ("deployment.router.kv_protocol", "nixl", "deployment.router.kv_protocol"),
         ("cluster.instance_type", "ml.g5.xlarge", "cluster.instance_type"),
         ("cluster.endpoint_name", "Llama_8B", "cluster.endpoint_name"),
         ("cluster.lmcache.peer_alloc_port", 7301, "cluster.lmcache.peer_alloc_port"),
@@ -321,3 +323,37 @@ def test_router_argv_parses_with_the_router_cli(target: str):
     ctx = serve.make_context("serve", argv[3:])
     assert ctx.params["threshold"] == raw(BASE_LAB)["deployment"]["router"]["threshold"]
     assert ctx.params["decode"] and ctx.params["prefill"]
+
+
+@pytest.mark.parametrize("lab", CLUSTER_LABS, ids=LAB_IDS)
+@pytest.mark.parametrize("target", ["k8s", "script"])
+def test_router_names_the_decode_receivers_lmcache_listens_on(lab: Path, target: str):
+    """The rendered router speaks LMCache's P/D protocol and names, for each decode replica, exactly the host and
+    ports that replica's rendered LMCache config listens on: otherwise no KV would move."""
+    from urllib.parse import urlsplit
+
+    import typer
+
+    from pdlab.router.cli import app as router_app
+
+    files = render(plan_of(raw(lab)), target)
+    if target == "k8s":
+        argv = list(yaml.safe_load_all(files["router.yaml"]))[0]["spec"]["template"]["spec"]["containers"][0][
+            "command"]
+        decode_config = yaml.safe_load(yaml.safe_load(files["lmcache-config.yaml"])["data"]["lmcache-decode.yaml"])
+        decode_set = list(yaml.safe_load_all(files["decode.yaml"]))[1]
+        meta, spec = decode_set["metadata"], decode_set["spec"]
+        # A StatefulSet pod's DNS name: <pod>.<governing service>.<namespace>.svc.cluster.local.
+        pods = [f"{meta['name']}-{i}.{spec['serviceName']}.{meta['namespace']}.svc.cluster.local"
+                for i in range(spec["replicas"])]
+    else:
+        argv = exec_argv(files["router.sh"])
+        decode_config = yaml.safe_load(files["lmcache-decode.yaml"])
+        pods = [line.split("run on each of ", 1)[1].split(" (")[0].split(", ") for line in
+                files["decode.sh"].splitlines() if "run on each of" in line][0]
+    params = typer.main.get_command(router_app).commands["serve"].make_context("serve", argv[3:]).params
+    assert params["kv_protocol"] == "lmcache"
+    assert [int(p) for p in params["lmcache_init_ports"].split(",")] == decode_config["pd_peer_init_port"]
+    assert [int(p) for p in params["lmcache_alloc_ports"].split(",")] == decode_config["pd_peer_alloc_port"]
+    assert decode_config["pd_peer_host"] == "0.0.0.0"  # so the replica's own name reaches its receiver
+    assert [urlsplit(u).hostname for u in params["decode"]] == pods  # receiver host = each decode URL's host

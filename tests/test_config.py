@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pdlab.config import ConfigError, DeploymentSpec, LabSpec, load_lab, validate
+from pdlab.config import ConfigError, DeploymentSpec, LabSpec, LMCacheReceiverPorts, load_lab, validate
+from pdlab.config.cluster import LMCacheSpec
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
 
@@ -73,6 +74,28 @@ def test_deployment_level_rules():
     same_port["instances"][0]["port"] = same_port["instances"][1]["port"] = 8123
     assert "8123" in str(problems_of(DeploymentSpec, same_port))
     assert "connector.kind" in str(problems_of(DeploymentSpec, one_p_one_d(connector={"kind": "none"})))
+
+
+def test_router_kv_protocol_follows_the_connector_and_mismatches_are_named():
+    assert validate(DeploymentSpec, one_p_one_d(router={})).kv_protocol == "nixl"
+    lmcache = {"kind": "lmcache", "buffer_device": "cuda"}
+    assert validate(DeploymentSpec, one_p_one_d(connector=lmcache, router={})).kv_protocol == "lmcache"
+    explicit = validate(DeploymentSpec, one_p_one_d(connector=lmcache, router={"kv_protocol": "lmcache"}))
+    assert explicit.router is not None and explicit.router.kv_protocol == "lmcache"
+    for connector, protocol in ((lmcache, "nixl"), ({"kind": "nixl"}, "lmcache")):
+        message = str(problems_of(DeploymentSpec, one_p_one_d(connector=connector, router={"kv_protocol": protocol})))
+        assert "router.kv_protocol" in message and protocol in message
+    assert "router.kv_protocol" in problems_of(DeploymentSpec, one_p_one_d(router={"kv_protocol": "mooncake"}))
+
+
+def test_lmcache_receiver_ports_are_checked_and_shared_with_the_cluster_config():
+    assert LMCacheSpec(peer_init_port=7300, peer_alloc_port=7400).receiver_ports(2) == LMCacheReceiverPorts(
+        init_ports=[7300, 7301], alloc_ports=[7400, 7401])
+    assert "alloc_ports" in str(problems_of(LMCacheReceiverPorts, {"init_ports": [7300], "alloc_ports": [1, 2]}))
+    assert "repeated: [7300]" in str(problems_of(LMCacheReceiverPorts, {"init_ports": [7300],
+                                                                        "alloc_ports": [7300]}))
+    assert "init_ports" in problems_of(LMCacheReceiverPorts, {"init_ports": [], "alloc_ports": []})
+    assert "init_ports.0" in problems_of(LMCacheReceiverPorts, {"init_ports": [70000], "alloc_ports": [7400]})
 
 
 def test_lab_needs_a_deployment():

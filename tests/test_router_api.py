@@ -188,7 +188,8 @@ def test_admin_requires_the_bearer_token(client, headers):
 
 def test_admin_get_and_put_apply_at_once(client):
     assert client.get("/admin/config", headers=ADMIN).json() == {
-        "threshold": 4096, "prefill_strategy": "roundrobin", "decode_strategy": "roundrobin", "fallback": "fallback"}
+        "threshold": 4096, "prefill_strategy": "roundrobin", "decode_strategy": "roundrobin", "fallback": "fallback",
+        "kv_protocol": "nixl"}
     assert complete(client).headers[PATH_HEADER] == "direct"
     updated = set_config(client, threshold=0, decode_strategy="leastloaded")
     assert updated["threshold"] == 0 and updated["decode_strategy"] == "leastloaded"

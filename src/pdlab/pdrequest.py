@@ -6,6 +6,11 @@ them by the KV connector (vLLM's `kv_transfer_params` protocol).
 2. Copy the `kv_transfer_params` of its response, unchanged, into the same request sent to the decode instance:
    the decode instance pulls the KV blocks (NIXL) and generates the answer as if it had read the prompt itself.
 
+LMCache's P/D (LMCacheConnectorV1, the cluster tier) runs the other way round: prefill *pushes* the KV to a decode
+replica named in advance. The prefill request carries `kv_transfer_params={"disagg_spec": ...}` (see
+`lmcache_kv_params`); the decode request is the client's request unchanged, and the decode instance finds the
+pushed chunks by their token hashes. The router speaks both (`kv_protocol`).
+
 The router builds on these functions; notebooks and the demo use the synchronous `pd_completion`.
 """
 
@@ -40,8 +45,19 @@ class UpstreamError(RuntimeError):
         self.body = body
 
 
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The request the prefill instance gets: one token, no streaming, asking to keep the KV for decode."""
+def lmcache_kv_params(req_id: str, receiver_host: str, init_ports: list[int], alloc_ports: list[int]
+                      ) -> dict[str, Any]:
+    """The prefill request's `kv_transfer_params` under LMCache's P/D protocol: push this prompt's KV to the decode
+    replica at `receiver_host`, prefill rank i to `init_ports[i]`/`alloc_ports[i]` (its `pd_peer_init_port` and
+    `pd_peer_alloc_port` lists). LMCache 0.5 requires all four keys; `req_id` only labels the transfer (it is what
+    LMCache's proxy notification would carry), so the decode request needs neither it nor any kv_transfer_params."""
+    return {"disagg_spec": {"req_id": req_id, "receiver_host": receiver_host,
+                            "receiver_init_port": list(init_ports), "receiver_alloc_port": list(alloc_ports)}}
+
+
+def prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request the prefill instance gets: one token, no streaming, asking to keep the KV for decode (NIXL's
+    `PREFILL_KV_PARAMS` unless other `kv_transfer_params` are given, e.g. LMCache's `lmcache_kv_params`)."""
     out = dict(body)  # only top-level keys change; nested values are shared, never mutated (a deep copy costs)
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
@@ -49,7 +65,7 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     out["stream"] = False
     out.pop("stream_options", None)
     out.pop("min_tokens", None)
-    out["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
+    out["kv_transfer_params"] = dict(PREFILL_KV_PARAMS if kv_transfer_params is None else kv_transfer_params)
     return out
 
 

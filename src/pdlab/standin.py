@@ -6,16 +6,33 @@ It speaks the same wire protocol as vLLM: `/v1/completions` and `/v1/chat/comple
 Text is made of words counted as tokens (one whitespace-separated word = one token).
 
     python -m pdlab.standin --port 8201 --name decode-0 --token-ms 2 --prefill-us-per-token 50
+
+With `--lmcache-role` it plays one side of LMCache's P/D protocol instead of NIXL's:
+
+- `sender` (a prefill instance, kv_producer): every request must carry `kv_transfer_params.disagg_spec` with
+  LMCache's four keys, or it is refused with 400 and an OpenAI error object naming the bad key. For each of its
+  `--tp` ranks it "pushes" the prompt's KV over TCP to the receiver's rank-i init and alloc ports (one JSON line
+  each, as LMCache's sender contacts both per rank); a push that cannot connect is a 500.
+- `receiver` (a decode instance, kv_consumer): listens on its `--lmcache-init-ports` and `--lmcache-alloc-ports`
+  (on `--host`), records each push, and serves a request whose prompt was pushed on every rank without prefilling
+  it (`x-standin-kv: pushed`; otherwise `local`), matching by the prompt as LMCache matches by token hashes.
+
+`GET /standin/records` lists the generation requests a stand-in got (kv_transfer_params, max_tokens, stream, how
+its KV arrived) and the pushes it received, for tests to check.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import time
 import uuid
+from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -25,6 +42,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from pdlab.settings import PATH_HEADER
+
+#: Response header saying how a stand-in decode got the prompt's KV: `pushed` (LMCache sender) or `local`.
+KV_HEADER = "x-standin-kv"
+#: Records kept for GET /standin/records (the benchmark sends thousands of requests: keep memory bounded).
+MAX_RECORDS = 1000
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf",
          "hotel", "india", "juliet", "kilo", "lima", "mike"]
@@ -37,10 +59,70 @@ def build_app(args: argparse.Namespace) -> Starlette:
     served = Counter("standin_requests", "Requests served", ["kind"], registry=registry)
     waiting.labels(args.model).set(0)
     state = {"requests": 0}
+    records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
+    pushes: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
 
-    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+    def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+              ) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
                             status_code=status)
+
+    def pushed_on_every_rank(key: str) -> bool:
+        """Whether a sender pushed this prompt's KV on every receiver rank, over both ports of each."""
+        got = {(p["rank"], p["channel"]) for p in pushes if p["prompt_key"] == key}
+        return len(got) == 2 * len(args.lmcache_init_ports)
+
+    async def serve_push(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, channel: str,
+                         rank: int, port: int) -> None:
+        # One JSON line per push; the reply tells the sender it landed (LMCache's sender waits for its peer too).
+        try:
+            message = json.loads(await reader.readline())
+            pushes.append({**message, "channel": channel, "rank": rank, "port": port})
+            writer.write(b"ok\n")
+            await writer.drain()
+        except (ValueError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        servers = []
+        if args.lmcache_role == "receiver":
+            for channel, ports in (("init", args.lmcache_init_ports), ("alloc", args.lmcache_alloc_ports)):
+                for rank, port in enumerate(ports):
+                    def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, channel: str = channel,
+                                rank: int = rank, port: int = port) -> Any:
+                        return serve_push(r, w, channel, rank, port)
+                    servers.append(await asyncio.start_server(handler, args.host, port))
+        try:
+            yield
+        finally:
+            for server in servers:
+                server.close()
+
+    async def push_kv(spec: dict[str, Any], key: str) -> str | None:
+        """Send the prompt's KV to the receiver named in `spec`, rank i to its i-th ports; None or what failed."""
+        for rank in range(args.tp):
+            if rank >= len(spec["receiver_init_port"]):
+                return f"rank {rank} has no receiver port in {spec['receiver_init_port']}"
+            for channel in ("init", "alloc"):
+                port = spec[f"receiver_{channel}_port"][rank]
+                line = json.dumps({"req_id": spec["req_id"], "prompt_key": key, "sender": args.name}) + "\n"
+                try:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(spec["receiver_host"], port), 5)
+                    writer.write(line.encode())
+                    await writer.drain()
+                    reply = await asyncio.wait_for(reader.readline(), 5)
+                    writer.close()
+                except (OSError, asyncio.TimeoutError) as exc:
+                    return f"pushing KV to {spec['receiver_host']}:{port} failed: {type(exc).__name__}: {exc}"
+                if reply != b"ok\n":
+                    return f"receiver {spec['receiver_host']}:{port} did not acknowledge the push"
+        return None
+
+    async def records_view(_: Request) -> Response:
+        return JSONResponse({"requests": list(records), "pushes": list(pushes)})
 
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": args.model, "object": "model",
@@ -59,20 +141,38 @@ def build_app(args: argparse.Namespace) -> Starlette:
         except ValueError:
             return error(400, "malformed JSON body")
         state["requests"] += 1
-        if args.fail_every and state["requests"] % args.fail_every == 0:
-            return error(500, "injected failure", "internal_server_error")
         prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt", ""))
         prompt_tokens = max(1, len(prompt.split()))
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         kv_in = body.get("kv_transfer_params") or {}
+        request_id = request.headers.get("x-request-id") or f"standin-{uuid.uuid4().hex[:12]}"
+        key = hashlib.sha256(prompt.encode()).hexdigest()[:16]
+        record = {"request_id": request_id, "path": request.url.path, "kv_transfer_params": body.get(
+            "kv_transfer_params"), "max_tokens": body.get("max_tokens"), "stream": body.get("stream"),
+            "prompt_key": key, "kv": "local"}
+        records.append(record)
+        if args.fail_every and state["requests"] % args.fail_every == 0:
+            return error(500, "injected failure", "internal_server_error")
         remote_prefilled = bool(kv_in.get("remote_engine_id"))
         kv_out = None
-        if kv_in.get("do_remote_decode"):
+        if args.lmcache_role == "sender":
+            # LMCache's adapter reads these four keys of disagg_spec (a missing one is a KeyError inside vLLM);
+            # refusing loudly here is what lets the router tests fail when the router gets the protocol wrong.
+            if (problem := disagg_spec_problem(body.get("kv_transfer_params"))) is not None:
+                where, why = problem
+                return error(400, f"{where}: {why}", param=where)
+            if (failure := await push_kv(kv_in["disagg_spec"], key)) is not None:
+                return error(500, failure, "internal_server_error")
+            record["kv"] = "sent"
+        elif args.lmcache_role == "receiver" and pushed_on_every_rank(key):
+            remote_prefilled = True
+            record["kv"] = "pushed"
+        elif kv_in.get("do_remote_decode"):
             kv_out = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": args.name,
                       "remote_block_ids": list(range(max(1, prompt_tokens // 16))), "remote_host": "127.0.0.1",
                       "remote_port": args.port, "tp_size": 1}
         served.labels("remote_prefilled" if remote_prefilled else "local").inc()
-        request_id = request.headers.get("x-request-id") or f"standin-{uuid.uuid4().hex[:12]}"
+        kv_header = {KV_HEADER: record["kv"]}
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
 
@@ -96,7 +196,7 @@ def build_app(args: argparse.Namespace) -> Starlette:
             payload = {"id": request_id, "object": obj, "created": created, "model": args.model,
                        "choices": [choice_piece(0, text, "length", False)], "usage": usage,
                        "kv_transfer_params": kv_out}
-            return JSONResponse(payload, headers={"x-request-id": request_id})
+            return JSONResponse(payload, headers={"x-request-id": request_id, **kv_header})
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -123,7 +223,7 @@ def build_app(args: argparse.Namespace) -> Starlette:
             finally:
                 running.labels(args.model).dec()
 
-        headers = {"x-request-id": request_id}
+        headers = {"x-request-id": request_id, **kv_header}
         if args.path_header:
             headers[PATH_HEADER] = args.path_header
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
@@ -132,9 +232,33 @@ def build_app(args: argparse.Namespace) -> Starlette:
         Route("/v1/models", models),
         Route("/health", health),
         Route("/metrics", metrics),
+        Route("/standin/records", records_view),
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/chat/completions", generate, methods=["POST"]),
-    ])
+    ], lifespan=lifespan)
+
+
+def disagg_spec_problem(kv_transfer_params: Any) -> tuple[str, str] | None:
+    """What is wrong with an LMCache P/D request's kv_transfer_params, as (key path, why); None if well-formed."""
+    if not isinstance(kv_transfer_params, dict) or not isinstance(kv_transfer_params.get("disagg_spec"), dict):
+        return "kv_transfer_params.disagg_spec", "an LMCache sender needs the decode receiver in a disagg_spec object"
+    spec = kv_transfer_params["disagg_spec"]
+    where = "kv_transfer_params.disagg_spec."
+    for key in ("req_id", "receiver_host"):
+        if not isinstance(spec.get(key), str) or not spec[key]:
+            return where + key, "a non-empty string is required"
+    for key in ("receiver_init_port", "receiver_alloc_port"):
+        ports = spec.get(key)
+        if not isinstance(ports, list) or not ports or not all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports):
+            return where + key, "a non-empty list of ports, one per GPU rank, is required"
+    if len(spec["receiver_init_port"]) != len(spec["receiver_alloc_port"]):
+        return where + "receiver_alloc_port", "needs as many ports as receiver_init_port"
+    return None
+
+
+def _ports(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -154,7 +278,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "meanwhile (head-of-line blocking as in a colocated engine)")
     parser.add_argument("--path-header", default=None,
                         help="answer streams with this x-pdlab-path header, as pdlab's router does")
-    return parser.parse_args(argv)
+    parser.add_argument("--lmcache-role", choices=["sender", "receiver"], default=None,
+                        help="play LMCache's P/D protocol: `sender` (prefill: needs a disagg_spec, pushes KV) or "
+                             "`receiver` (decode: takes pushes on its LMCache ports)")
+    parser.add_argument("--tp", type=int, default=1, help="sender: GPU ranks that each push to their receiver port")
+    parser.add_argument("--lmcache-init-ports", type=_ports, default=[],
+                        help="receiver: pd_peer_init_port list, comma-separated")
+    parser.add_argument("--lmcache-alloc-ports", type=_ports, default=[],
+                        help="receiver: pd_peer_alloc_port list, comma-separated")
+    args = parser.parse_args(argv)
+    if args.lmcache_role == "receiver" and (not args.lmcache_init_ports
+                                            or len(args.lmcache_init_ports) != len(args.lmcache_alloc_ports)):
+        parser.error("a receiver needs --lmcache-init-ports and --lmcache-alloc-ports of equal length")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

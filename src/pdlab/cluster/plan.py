@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pdlab.config import ConfigError, DeploymentSpec, EngineOptions, LabSpec, load_lab
 from pdlab.config.cluster import ClusterSpec, PoolSpec
-from pdlab.config.router import Strategy
+from pdlab.config.router import LMCacheReceiverPorts, Strategy
+from pdlab.router.process import kv_protocol_flags
 
 PoolRole = Literal["prefill", "decode"]
 ROLES: tuple[PoolRole, PoolRole] = ("prefill", "decode")
@@ -124,11 +125,18 @@ class ClusterPlan:
         """Stable names of a pool's replicas: StatefulSet pod names on Kubernetes, host names for the scripts."""
         return [f"{role.name}-{i}" for i in range(role.pool.replicas)]
 
+    @property
+    def receiver_ports(self) -> LMCacheReceiverPorts:
+        """Where every decode replica's LMCache receiver listens (its config's pd_peer_* lists)."""
+        return self.cluster.lmcache.receiver_ports(self.decode.pool.tp)
+
     def router_argv(self, prefill_urls: list[str], decode_urls: list[str], tokenizer_dir: str) -> list[str]:
         """`pdlab router serve` for the cluster: every replica's URL (the router's strategies choose among them),
-        the threshold and strategies from the lab, listening on every address (it is the endpoint)."""
-        router = self.deployment.router
-        assert router is not None  # checked in plan()
+        the threshold and strategies from the lab, LMCache's P/D protocol with the decode replicas' receiver
+        ports (so each prefill request names where its KV goes), listening on every address (it is the
+        endpoint)."""
+        assert self.deployment.router is not None  # checked in plan()
+        router = self.deployment.router.model_copy(update={"kv_protocol": self.deployment.kv_protocol})
         argv = ["pdlab", "router", "serve", "--model", self.model, "--tokenizer", tokenizer_dir]
         for url in prefill_urls:
             argv += ["--prefill", url]
@@ -142,7 +150,7 @@ class ClusterPlan:
                  "--decode-strategy", router.decode_strategy, "--fallback", router.fallback,
                  "--max-in-flight", str(router.max_in_flight), "--upstream-timeout", str(router.upstream_timeout_s),
                  "--session-header", router.session_header, "--host", "0.0.0.0", "--port", str(router.port)]
-        return argv
+        return argv + kv_protocol_flags(router, self.receiver_ports)
 
     def tokenizer_download(self, local_dir: str) -> list[str]:
         """The router counts prompt tokens with the served model's tokenizer: fetch only its files."""
@@ -188,10 +196,10 @@ def lmcache_config(role: PoolRole, cluster: ClusterSpec, backends: list[str]) ->
         # response itself, so no ZMQ proxy notification is needed.
         config["pd_skip_proxy_notification"] = True
     else:
-        tp = cluster.decode.tp
+        ports = lm.receiver_ports(cluster.decode.tp)  # the router names the same lists in every disagg_spec
         config["pd_peer_host"] = "0.0.0.0"  # the receiver listens on every pod address
-        config["pd_peer_init_port"] = [lm.peer_init_port + rank for rank in range(tp)]
-        config["pd_peer_alloc_port"] = [lm.peer_alloc_port + rank for rank in range(tp)]
+        config["pd_peer_init_port"] = ports.init_ports
+        config["pd_peer_alloc_port"] = ports.alloc_ports
     return config
 
 
@@ -233,6 +241,12 @@ def check(lab: LabSpec, source: str = "spec") -> tuple[DeploymentSpec, ClusterSp
                                                       f"{dep.model.name!r}: one model across pools"))
         if "LIBFABRIC" in dep.connector.nixl_backends and pool.efa_interfaces == 0:
             problems.append((f"cluster.{role}.efa_interfaces", "NIXL's LIBFABRIC backend needs EFA interfaces (>= 1)"))
+    if cluster.prefill.tp != cluster.decode.tp:
+        # LMCache's sender rank i pushes to the i-th receiver port, and its chunk keys carry the world size and
+        # rank: decode rank i finds only what prefill rank i of an equally sized group sent.
+        problems.append(("cluster.decode.tensor_parallel_size",
+                         f"LMCache P/D moves KV rank to rank: decode needs prefill's tensor parallel size "
+                         f"({cluster.prefill.tp}), has {cluster.decode.tp}"))
     if dep.router is None:
         problems.append(("deployment.router", "the cluster tier puts the pdlab router in front: give `router:`"))
     if cluster.model_source.kind == "huggingface" and "/" not in dep.model.name:

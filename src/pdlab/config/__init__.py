@@ -15,7 +15,14 @@ from pdlab.config.deployment import (
     Role,
 )
 from pdlab.config.lab import LabSpec, load_lab
-from pdlab.config.router import FallbackPolicy, RouterSettings, RouterSpec, Strategy
+from pdlab.config.router import (
+    FallbackPolicy,
+    KVProtocol,
+    LMCacheReceiverPorts,
+    RouterSettings,
+    RouterSpec,
+    Strategy,
+)
 from pdlab.config.workload import (
     MixedWorkload,
     ProbeSpec,
@@ -33,9 +40,11 @@ __all__ = [
     "EngineOptions",
     "FallbackPolicy",
     "InstanceSpec",
+    "KVProtocol",
     "LabSpec",
     "LinkPreset",
     "LinkSpec",
+    "LMCacheReceiverPorts",
     "MixedWorkload",
     "ModelRef",
     "NodeSpec",

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pdlab.config.base import Spec
+from pdlab.config.router import LMCacheReceiverPorts
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 """A Kubernetes object name (RFC 1123 label): lowercase letters, digits and dashes, at most 63 characters."""
@@ -80,6 +81,12 @@ class LMCacheSpec(Spec):
     counting up from here."""
     peer_alloc_port: int = Field(default=7400, ge=1024, le=65535)
     """Port a decode replica listens on for buffer allocation requests (`pd_peer_alloc_port`), one per rank."""
+
+    def receiver_ports(self, ranks: int) -> LMCacheReceiverPorts:
+        """The per-rank ports of a decode replica with `ranks` GPU ranks: what its LMCache config lists and what
+        the router names in each prefill request's disagg_spec (one computation, so the two cannot differ)."""
+        return LMCacheReceiverPorts(init_ports=[self.peer_init_port + rank for rank in range(ranks)],
+                                    alloc_ports=[self.peer_alloc_port + rank for rank in range(ranks)])
 
     @model_validator(mode="after")
     def _ports_apart(self) -> LMCacheSpec:

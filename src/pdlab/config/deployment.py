@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pdlab.config.base import Spec
-from pdlab.config.router import RouterSpec
+from pdlab.config.router import KVProtocol, RouterSpec
 from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -151,6 +151,11 @@ class DeploymentSpec(Spec):
             raise ValueError("instances: a P/D deployment needs at least one `prefill` and one `decode` instance")
         if "prefill" in roles and self.connector.kind == "none":
             raise ValueError("connector.kind: prefill/decode instances need a KV connector, not `none`")
+        if self.router is not None and self.router.kv_protocol not in (None, self.kv_protocol):
+            # A mismatch would not fail loudly: each connector ignores the other protocol's fields, so no KV would
+            # move and decode would silently prefill every prompt itself.
+            raise ValueError(f"router.kv_protocol: `{self.router.kv_protocol}` does not fit connector.kind "
+                             f"`{self.connector.kind}`, which needs `{self.kv_protocol}` (or leave it unset)")
         node_names = {node.name for node in self.nodes}
         for i, inst in enumerate(self.instances):
             if inst.node is not None and inst.node not in node_names:
@@ -160,6 +165,11 @@ class DeploymentSpec(Spec):
     @property
     def disaggregated(self) -> bool:
         return any(inst.role == "prefill" for inst in self.instances)
+
+    @property
+    def kv_protocol(self) -> KVProtocol:
+        """The router's P/D protocol for this deployment's connector (LMCache pushes, NIXL pulls)."""
+        return "lmcache" if self.connector.kind == "lmcache" else "nixl"
 
     def by_role(self, role: Role) -> list[InstanceSpec]:
         return [inst for inst in self.instances if inst.role == role]

@@ -2,6 +2,9 @@
 
 Per request: check the body, count the prompt's tokens with the served model's tokenizer, pick the path
 (`decide_path`), pick replicas (each pool's strategy), run prefill (P/D path) and relay the decode leg's answer.
+The P/D legs speak the `kv_protocol` in force: `nixl` (prefill first; decode gets the kv_transfer_params prefill
+returned) or `lmcache` (decode replica chosen first and named in prefill's disagg_spec; decode gets the plain
+request).
 All I/O is async: aiohttp to upstream (its C HTTP parser and simple connection pool cost a fraction of httpx's
 per call, which dominated the router's overhead), starlette + uvicorn towards clients. Routing decisions are the
 pure functions of `pdlab.router.strategies`.
@@ -21,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client import generate_latest
@@ -31,8 +35,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from pdlab.config.base import ConfigError, validate
-from pdlab.config.router import RouterSettings, RouterSpec
-from pdlab.pdrequest import decode_body, prefill_body
+from pdlab.config.router import KVProtocol, LMCacheReceiverPorts, RouterSettings, RouterSpec
+from pdlab.pdrequest import decode_body, lmcache_kv_params, prefill_body
 from pdlab.router.metrics import RouterMetrics
 from pdlab.router.pool import Pool, Replica
 from pdlab.router.strategies import NEEDS_LOAD_METRICS, RequestFeatures, block_hashes, decide_path
@@ -53,6 +57,8 @@ log = logging.getLogger("pdlab.router")
 SCRAPE_INTERVAL_S = 1.0
 #: What a client is told to wait when the router is full.
 RETRY_AFTER_S = 1
+#: Settings GET /admin/config shows that PUT cannot change: they must match how the instances were started.
+READ_ONLY_SETTINGS = ("kv_protocol", "lmcache_receivers")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,22 @@ class Upstreams:
     """Context length; None reads `max_position_embeddings` from the model directory's config.json."""
     block_size: int = 16
     """Tokens per KV block, for the block hashes of the prefix/KV-aware strategies."""
+    lmcache_receiver: LMCacheReceiverPorts | None = None
+    """The decode replicas' LMCache receiver ports (kv_protocol `lmcache`); each replica's receiver host is the
+    host of its URL."""
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """Where LMCache's sender pushes a prompt's KV for one decode replica (the disagg_spec's fields)."""
+
+    host: str
+    init_ports: list[int]
+    alloc_ports: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"receiver_host": self.host, "receiver_init_port": self.init_ports,
+                "receiver_alloc_port": self.alloc_ports}
 
 
 class Router:
@@ -83,10 +105,28 @@ class Router:
         self.tokenizer = PromptTokenizer(upstreams.tokenizer_dir)
         self.max_model_len = upstreams.max_model_len or _model_context(upstreams.tokenizer_dir)
         self.admin_token = spec.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+        self.kv_protocol: KVProtocol = spec.kv_protocol or "nixl"
+        self.receivers = self._receivers(upstreams) if self.kv_protocol == "lmcache" else {}
         self.metrics = RouterMetrics()
         self.metrics.threshold.set(self.settings.threshold)
         self.in_flight = 0
         self.client: aiohttp.ClientSession | None = None
+
+    def _receivers(self, upstreams: Upstreams) -> dict[str, Receiver]:
+        """Each decode replica's LMCache receiver, by replica URL: the URL's host (the receiver listens on every
+        address of the replica) and the ports every replica shares."""
+        ports = upstreams.lmcache_receiver
+        if ports is None:
+            raise ValueError("kv_protocol `lmcache` needs the decode replicas' LMCache receiver ports "
+                             "(--lmcache-init-ports and --lmcache-alloc-ports: their pd_peer_init_port and "
+                             "pd_peer_alloc_port lists)")
+        receivers = {}
+        for replica in self.decode_pool.replicas:
+            host = urlsplit(replica.url).hostname
+            if not host:
+                raise ValueError(f"decode URL {replica.url!r} has no host to name as LMCache receiver")
+            receivers[replica.url] = Receiver(host, list(ports.init_ports), list(ports.alloc_ports))
+        return receivers
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -172,12 +212,35 @@ class Router:
 
             path = decide_path(prompt.count, settings.threshold) if self.prefill_pool.replicas else "direct"
             kv_params = None
+            decode_replica: Replica | None = None
             if path == "disaggregated":
-                outcome = await self._prefill_leg(features, endpoint, body, upstream_headers, settings.fallback)
+                prefill_kv = None
+                if self.kv_protocol == "lmcache":
+                    # LMCache's prefill pushes the KV to a receiver named in its request, so the decode replica
+                    # is chosen before prefill runs, and the decode leg goes to that replica.
+                    decode_replica = self.decode_pool.choose(features)
+                    assert decode_replica is not None  # the pool is never empty and nothing is excluded yet
+                    self.metrics.chose(self.decode_pool, decode_replica.url)
+                    receiver = self.receivers[decode_replica.url]
+                    prefill_kv = lmcache_kv_params(request_id, receiver.host, receiver.init_ports,
+                                                   receiver.alloc_ports)
+                if decode_replica is not None:
+                    # It is as good as busy with this request already: least-loaded choices meanwhile see that.
+                    decode_replica.in_flight += 1
+                try:
+                    outcome = await self._prefill_leg(features, endpoint, body, upstream_headers, settings.fallback,
+                                                      prefill_kv)
+                finally:
+                    if decode_replica is not None:
+                        decode_replica.in_flight -= 1
                 if isinstance(outcome, Response):
                     outcome.headers.update(reply_headers)
                     return outcome
                 prefill_url, kv_params = outcome
+                if self.kv_protocol == "lmcache":
+                    # The KV is already on its way to decode_replica, found there by its token hashes: the decode
+                    # request is the client's own (prefill's answer carries no transfer handle to pass on).
+                    kv_params = None
                 if prefill_url is None:
                     path = "direct"  # fell back
                     reply_headers["x-pdlab-fallback"] = "prefill-unavailable"
@@ -185,10 +248,11 @@ class Router:
                     reply_headers[PREFILL_REPLICA_HEADER] = prefill_url
             reply_headers[PATH_HEADER] = path
             self.metrics.requests.labels(endpoint, path).inc()
-            # The direct path forwards the client's bytes as they came; P/D adds the prefill's kv_transfer_params.
+            # The direct path (and LMCache's decode leg) forwards the client's bytes as they came; NIXL's P/D adds
+            # the prefill's kv_transfer_params.
             payload = json.dumps(decode_body(body, kv_params)).encode() if kv_params is not None else raw
             response = await self._decode_leg(features, endpoint, payload, checked.stream, upstream_headers,
-                                              reply_headers, path, arrived, request_id)
+                                              reply_headers, path, arrived, request_id, decode_replica)
             handed_over = isinstance(response, RelayResponse)
             return response
         finally:
@@ -200,15 +264,16 @@ class Router:
         self.metrics.in_flight.dec()
 
     async def _prefill_leg(self, features: RequestFeatures, endpoint: str, body: dict[str, Any],
-                           headers: dict[str, str], fallback: str
+                           headers: dict[str, str], fallback: str, kv_transfer_params: dict[str, Any] | None = None
                            ) -> tuple[str | None, dict[str, Any] | None] | Response:
-        """Prefill on a prefill replica. Returns (replica url, kv_transfer_params); (None, None) when the pool
-        failed and the policy is to fall back; an error Response when the policy is to fail or the prefill
-        instance refused the request itself (a 4xx the decode instance would refuse too)."""
+        """Prefill on a prefill replica, with `kv_transfer_params` (None: NIXL's). Returns (replica url, the
+        answer's kv_transfer_params); (None, None) when the pool failed and the policy is to fall back; an error
+        Response when the policy is to fail or the prefill instance refused the request itself (a 4xx the decode
+        instance would refuse too)."""
         assert self.client is not None
         tried: set[str] = set()
         reason = "prefill_down"
-        payload = json.dumps(prefill_body(body)).encode()
+        payload = json.dumps(prefill_body(body, kv_transfer_params)).encode()
         while (replica := self.prefill_pool.choose(features, exclude=tried)) is not None:
             tried.add(replica.url)
             self.metrics.chose(self.prefill_pool, replica.url)
@@ -247,7 +312,8 @@ class Router:
                 self.metrics.upstream_errors.labels("prefill", "bad_json").inc()
                 reason = "prefill_error"
                 break
-            self.metrics.kv_transfer_params.labels("yes" if params else "no").inc()
+            if self.kv_protocol == "nixl":  # LMCache's answer has none by design: nothing to count
+                self.metrics.kv_transfer_params.labels("yes" if params else "no").inc()
             return replica.url, params
         if fallback == "fail":
             message = "the prefill pool is down" if reason == "prefill_down" else "the prefill instance failed"
@@ -259,14 +325,19 @@ class Router:
 
     async def _decode_leg(self, features: RequestFeatures, endpoint: str, payload: bytes, stream: bool,
                           headers: dict[str, str], reply_headers: dict[str, str], path: str, arrived: float,
-                          request_id: str) -> Response:
+                          request_id: str, chosen: Replica | None = None) -> Response:
+        """Decode on `chosen` (already picked, and counted, by the caller) or on the pool strategy's choice; a
+        replica that refuses the connection is skipped for the next choice. (Under LMCache that next replica has
+        not received the KV: it prefills the prompt itself, slower but correct.)"""
         assert self.client is not None
         tried: set[str] = set()
         last_error = ""
         headers = {**headers, "content-type": "application/json"}
-        while (replica := self.decode_pool.choose(features, exclude=tried)) is not None:
+        while (replica := chosen or self.decode_pool.choose(features, exclude=tried)) is not None:
+            if chosen is None:
+                self.metrics.chose(self.decode_pool, replica.url)
+            chosen = None
             tried.add(replica.url)
-            self.metrics.chose(self.decode_pool, replica.url)
             reply_headers[DECODE_REPLICA_HEADER] = replica.url
             replica.in_flight += 1
             try:
@@ -375,10 +446,17 @@ class Router:
                                                "unauthorized"), {"WWW-Authenticate": "Bearer"})
         return None
 
+    def _config_view(self) -> dict[str, Any]:
+        """The live settings plus the read-only facts of how P/D requests are made."""
+        view: dict[str, Any] = {**self.settings.model_dump(), "kv_protocol": self.kv_protocol}
+        if self.kv_protocol == "lmcache":
+            view["lmcache_receivers"] = {url: receiver.as_dict() for url, receiver in self.receivers.items()}
+        return view
+
     async def get_config(self, request: Request) -> Response:
         if refusal := self._admin_refusal(request):
             return refusal
-        return JSONResponse(self.settings.model_dump())
+        return JSONResponse(self._config_view())
 
     async def put_config(self, request: Request) -> Response:
         """Replace some or all settings; they apply to requests arriving from now on."""
@@ -391,6 +469,14 @@ class Router:
         if not isinstance(update, dict):
             return error_response(RequestError(400, "the body must be a JSON object of settings", None,
                                                "invalid_body"))
+        # A GET's answer may be PUT back as it came; the P/D protocol and receivers are fixed at start (they must
+        # match how the instances' KV connectors were started), so they may only be repeated, never changed.
+        current = self._config_view()
+        for key in READ_ONLY_SETTINGS:
+            if key in update and update.pop(key) != current.get(key):
+                return error_response(RequestError(400, f"{key} is fixed when the router starts (it must match the "
+                                                   "instances' KV connector); restart the router to change it",
+                                                   key, "read_only_setting"))
         try:
             settings = validate(RouterSettings, {**self.settings.model_dump(), **update}, source="router settings")
         except ConfigError as error:
@@ -401,7 +487,7 @@ class Router:
         self.settings = settings
         self.metrics.threshold.set(settings.threshold)
         log.info(json.dumps({"event": "config", **settings.model_dump()}))
-        return JSONResponse(settings.model_dump())
+        return JSONResponse(self._config_view())
 
 
 @dataclass

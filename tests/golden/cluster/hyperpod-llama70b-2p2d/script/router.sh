@@ -21,4 +21,7 @@ exec pdlab router serve \
     --upstream-timeout 600.0 \
     --session-header x-session-id \
     --host 0.0.0.0 \
-    --port 8000
+    --port 8000 \
+    --kv-protocol lmcache \
+    --lmcache-init-ports 7300,7301,7302,7303,7304,7305,7306,7307 \
+    --lmcache-alloc-ports 7400,7401,7402,7403,7404,7405,7406,7407

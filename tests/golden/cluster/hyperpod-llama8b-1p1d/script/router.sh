@@ -19,4 +19,7 @@ exec pdlab router serve \
     --upstream-timeout 600.0 \
     --session-header x-session-id \
     --host 0.0.0.0 \
-    --port 8000
+    --port 8000 \
+    --kv-protocol lmcache \
+    --lmcache-init-ports 7300 \
+    --lmcache-alloc-ports 7400
