@@ -122,3 +122,32 @@ def test_run_without_scenarios_leaves_an_incomplete_marker_until_finished(tmp_pa
     summary = json.loads((run.dir / "summary.json").read_text())
     check_summary(summary)
     assert summary["complete"] is True and summary["scenarios"] == {}
+
+
+def test_the_baseline_records_the_deployment_it_borrowed(tmp_path):
+    """The baseline runs on another scenario's deployment; its directory says which, like every scenario's does."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class RunningDeployment:  # what the runner reads of a pdlab.deploy.Deployment
+        router_url: str
+        run_dir: Path
+        served_model: str = "pdlab-standin"
+        model_dir: Path = field(default_factory=lambda: resolve("pdlab-tiny"))
+
+        def urls(self, role: str) -> list[str]:
+            return []
+
+    deployment_dir = tmp_path / "colocated-deployment"
+    deployment_dir.mkdir()
+    (deployment_dir / "deployment.json").write_text(json.dumps({"spec": {"name": "borrowed"}}))
+    workload = parse_workload({**WORKLOAD, "num_requests": 4})
+    with standin(next(PORTS), "--token-ms", "2", "--path-header", "direct") as url:
+        dep = RunningDeployment(router_url=url, run_dir=deployment_dir)
+        with ExperimentRun("unit", workload, runs_root=tmp_path / "runs", progress=False) as run:
+            run.measure_deployment("colocated", dep)
+            run.measure_deployment("baseline", dep, baseline=True)
+    recorded = run.dir / "baseline" / "deployment" / "deployment.json"
+    assert json.loads(recorded.read_text())["spec"]["name"] == "borrowed"
+    # A scenario's own deployment directory is the Deployment's to write (pdlab.deploy), not the runner's.
+    assert not (run.dir / "colocated" / "deployment").exists()

@@ -161,3 +161,33 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
                 make_run(tmp_path / "hol-1p1d", truth, {"prefill": 1, "decode": 1})]
     report = validate_runs(held_out, out, model="pdlab-small")
     assert report["max_error_pct"] < 10, report
+
+
+def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold(tmp_path: Path) -> None:
+    """`pdlab run` of a sweep writes `<scenario>@<value>/rows.csv` and one `<scenario>/deployment/`."""
+    from pdlab.load.rows import COLUMNS
+    from pdlab.sim.validate import infer_shape
+
+    run = tmp_path / "threshold-sweep"
+    deployment = run / "disaggregated" / "deployment"
+    deployment.mkdir(parents=True)
+    spec = {"instances": [{"name": "prefill-0", "role": "prefill", "engine": {"max_num_batched_tokens": 512}},
+                          {"name": "decode-0", "role": "decode", "engine": {}}],
+            "router": {"threshold": 2048}}
+    (deployment / "deployment.json").write_text(json.dumps({"spec": spec}))
+    (run / "sweep.csv").write_text("scenario,threshold,short_itl_p99_ms\ndisaggregated,1024,20.0\n")
+    point = run / "disaggregated@1024"
+    point.mkdir()
+    row = {column: "" for column in COLUMNS} | {
+        "request_id": "r00000", "cls": "long", "scheduled_s": "0.5", "start_s": "0.5", "prompt_tokens": "1500",
+        "max_tokens": "4", "usage_completion_tokens": "4", "token_times": "[1.0, 1.01, 1.02, 1.03]", "end_s": "1.03",
+        "path": "disaggregated", "http_status": "200", "status": "ok"}
+    with (point / "rows.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerow(row)
+    rows, summary = read_run(point)
+    shape = infer_shape(rows, summary)
+    assert (shape.prefill, shape.decode, shape.colocated) == (1, 1, 0)
+    assert shape.threshold == 1024  # the sweep's value, not the deployment's 2048
+    assert shape.max_num_batched_tokens == 512

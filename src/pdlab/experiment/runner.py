@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +164,16 @@ class ExperimentRun:
         if target is None:
             raise ValueError(f"deployment for {scenario!r} has no router and no instance to send to")
         kv_urls = deployment.urls("decode") + deployment.urls("prefill")
-        return self.measure(scenario, target, model=deployment.served_model, model_dir=deployment.model_dir,
+        rows = self.measure(scenario, target, model=deployment.served_model, model_dir=deployment.model_dir,
                             baseline=baseline, kv_urls=kv_urls)
+        source = Path(getattr(deployment, "run_dir", "")) / "deployment.json"
+        if baseline and source.is_file():
+            # The baseline borrows another scenario's deployment: say which, as every scenario does (the simulator's
+            # validation replays a run on the deployment it ran on).
+            target = self.dir / scenario / "deployment" / "deployment.json"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        return rows
 
     def builder(self, model_dir: str | Path) -> PromptBuilder:
         key = str(model_dir)

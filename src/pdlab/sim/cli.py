@@ -68,7 +68,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                                        "of measuring with torch."),
                   start: str = typer.Option(None, help="--from-runs: profile the search starts from (default: "
                                             "the shipped pdlab-small-vllm-cpu)."),
-                  evaluations: int = typer.Option(900, min=10, help="--from-runs: simulations the fit may run."),
+                  evaluations: int = typer.Option(1500, min=50, help="--from-runs: simulations the fit may run."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
@@ -135,6 +135,9 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
                  threshold: int = typer.Option(None, help="Override the run's router threshold."),
                  budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
+                 repeat: list[Path] = typer.Option(None, "--repeat", help="Another measured run of the same "
+                                                   "scenario (same directory name): shows how far two real runs "
+                                                   "differ, next to the simulator's error. Repeatable."),
                  results_copy: bool = typer.Option(
                      True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
@@ -149,17 +152,31 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         shape.threshold = threshold if threshold is not None else shape.threshold
         shape.max_num_batched_tokens = budget or shape.max_num_batched_tokens
     try:
-        result = validate_runs(runs, profile, model=model, shape=shape)
+        result = validate_runs(runs, profile, model=model, shape=shape, repeats=repeat)
     except RunDirError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
-    table = Table("run", "metric", "measured ms", "simulated ms", "error %", title="simulator vs measured")
+    columns = ["run", "metric", "measured ms", "simulated ms", "error %"]
+    if repeat:
+        columns += ["other run ms", "run-to-run %"]
+    table = Table(*columns, title="simulator vs measured")
     for run_result in result["runs"]:
         for metric, e in run_result["errors"].items():
-            table.add_row(Path(run_result["run"]).name, metric, _fmt(e["measured"]), _fmt(e["simulated"]),
-                          _fmt(e["error_pct"]))
+            cells = [Path(run_result["run"]).name, metric, _fmt(e["measured"]), _fmt(e["simulated"]),
+                     _fmt(e["error_pct"])]
+            if repeat:
+                cells += [_fmt(e.get("repeat_measured")), _fmt(e.get("run_to_run_pct"))]
+            table.add_row(*cells)
     console.print(table)
-    console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%)")
+    console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%), median "
+                  f"{_fmt(result['median_error_pct'])}%, {result['within_goal']}/{result['metrics']} metrics within "
+                  "the goal")
+    if result["run_to_run"]:
+        spread = result["run_to_run"]
+        console.print(f"two real runs of the same load differ by median {_fmt(spread['median_pct'])}%, max "
+                      f"{_fmt(spread['max_pct'])}% ({spread['within_goal']}/{spread['metrics']} within 10%); the "
+                      f"simulator is within max(10%, that spread) on {spread['simulator_within_spread']}/"
+                      f"{spread['metrics']}")
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2) + "\n"
     (out / "validation.json").write_text(text)

@@ -56,6 +56,7 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     kv_per_token = model.kv_bytes_per_token(spec.dtype_bytes)
     engine = spec.engine
     overheads = ServingOverheads()
+    profile: dict = {}
     if spec.profile is not None:
         cost, profile = load_profile(resolve_profile(spec.profile))
         overheads = ServingOverheads.from_json(profile.get("overheads"))
@@ -71,7 +72,13 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
             raise ValueError(f"{spec.model} does not fit on {engine.tensor_parallel} x {spec.hardware}: "
                              "raise engine.tensor_parallel")
         capacity = engine.kv_cache_tokens or int(free // kv_per_token)
-    return Prepared(spec, model, cost, resolve_link(spec, catalog), capacity, source, overheads)
+    link = resolve_link(spec, catalog)
+    fitted_link = profile.get("link") if spec.profile is not None else None
+    if fitted_link and fitted_link.get("name") == spec.link.name and spec.link.bandwidth_gbps is None:
+        # A profile fitted on local runs knows what its loopback carried under load (far less than when idle).
+        link = link.model_copy(update={"bandwidth_gbps": fitted_link["bandwidth_gbps"],
+                                       "source": f"fitted profile {spec.profile}: {fitted_link.get('source', '')}"})
+    return Prepared(spec, model, cost, link, capacity, source, overheads)
 
 
 def build(prepared: Prepared) -> Simulation:

@@ -105,9 +105,22 @@ def _read_pdlab_rows(path: Path) -> list[MeasuredRequest]:
 
 
 def _deployment_of(run_dir: Path) -> dict:
-    """The DeploymentSpec a pdlab experiment ran this scenario on (`<scenario>/deployment/deployment.json`)."""
+    """The DeploymentSpec a pdlab experiment ran this scenario on (`<scenario>/deployment/deployment.json`). A sweep
+    point (`<scenario>@<value>`) ran on its scenario's deployment with one router setting changed live: the
+    setting is the column after `scenario` in the run's `sweep.csv`."""
     path = run_dir / "deployment" / "deployment.json"
-    return json.loads(path.read_text())["spec"] if path.exists() else {}
+    if path.exists():
+        return json.loads(path.read_text())["spec"]
+    scenario, at, value = run_dir.name.partition("@")
+    base = run_dir.parent / scenario / "deployment" / "deployment.json"
+    sweep = run_dir.parent / "sweep.csv"
+    if not at or not base.exists() or not sweep.exists():
+        return {}
+    spec = json.loads(base.read_text())["spec"]
+    setting = sweep.open().readline().strip().split(",")[1]
+    router = dict(spec.get("router") or {})
+    router[setting] = int(value) if setting == "threshold" else value
+    return {**spec, "router": router}
 
 
 def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
@@ -235,8 +248,35 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
             "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
 
 
-def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None,
+                  repeats: list[Path] | None = None) -> dict:
+    """Validate each run; with `repeats` (other measured runs of the same scenarios, matched by directory name),
+    also report per metric how far two real runs of the same load differ (`run_to_run_pct`): the measurement's own
+    spread, against which the simulator's error is read (a p99 of a few hundred gaps moves a lot between runs)."""
     runs = [validate_run(d, profile, model=model, shape=shape) for d in run_dirs]
+    by_name = {Path(d).name: Path(d) for d in repeats or []}
+    for run in runs:
+        repeat = by_name.get(Path(run["run"]).name)
+        if repeat is None:
+            continue
+        other = measured_metrics(read_run(repeat)[0])
+        run["repeat"] = str(repeat)
+        for key, e in run["errors"].items():
+            cls, metric, pct = key.split(".")
+            again = (other.get(cls) or {}).get(metric, {}).get(pct)
+            if again is not None:
+                e["repeat_measured"] = again
+                e["run_to_run_pct"] = abs(again - e["measured"]) / e["measured"] * 100
+    every = [e for r in runs for e in r["errors"].values()]
     worst = [r["max_error_pct"] for r in runs if not math.isnan(r["max_error_pct"])]
+    spread = [e for e in every if "run_to_run_pct" in e]
     return {"profile": str(profile), "model": model, "runs": runs, "goal_pct": 10.0,
-            "max_error_pct": max(worst) if worst else None}
+            "max_error_pct": max(worst) if worst else None,
+            "median_error_pct": float(np.median([e["error_pct"] for e in every])) if every else None,
+            "within_goal": sum(e["error_pct"] <= 10.0 for e in every), "metrics": len(every),
+            "run_to_run": None if not spread else {
+                "median_pct": float(np.median([e["run_to_run_pct"] for e in spread])),
+                "max_pct": max(e["run_to_run_pct"] for e in spread),
+                "within_goal": sum(e["run_to_run_pct"] <= 10.0 for e in spread),
+                "simulator_within_spread": sum(e["error_pct"] <= max(e["run_to_run_pct"], 10.0) for e in spread),
+                "metrics": len(spread)}}
