@@ -148,7 +148,7 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
     runs = [write_run_with_overheads(tmp_path / "calib-colocated", truth, {"colocated": 1}, calibration_requests()),
             write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
                                      calibration_requests())]
-    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=600)
+    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=4000)
     assert fitted["fit_error_pct"]["max"] < 5, fitted["fit_error_pct"]
     # The per-request overhead trades off against the per-step constant in TTFT; only their sum is pinned down.
     assert 0 < fitted["overheads"]["request_ms"] < 30
@@ -191,3 +191,24 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     assert (shape.prefill, shape.decode, shape.colocated) == (1, 1, 0)
     assert shape.threshold == 1024  # the sweep's value, not the deployment's 2048
     assert shape.max_num_batched_tokens == 512
+
+
+def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() -> None:
+    """data/results/sim-validation/ records the simulator against measured runs shipped in data/sim-runs/, with the
+    profile shipped in data/catalog/profiles/: replaying them again gives the same numbers (the simulator is
+    seeded). A change to the simulator that moves them must re-record the validation (`pdlab sim validate`)."""
+    from pdlab.settings import data_dir
+    from pdlab.sim.scenario import resolve_profile
+
+    recorded = json.loads(sorted((data_dir() / "results" / "sim-validation").glob("*.json"))[-1].read_text())
+    root = data_dir().parent
+    runs = [root / r["run"] for r in recorded["runs"]]
+    repeats = [root / r["repeat"] for r in recorded["runs"] if "repeat" in r]
+    profile = resolve_profile(Path(recorded["profile"]))
+    again = validate_runs(runs, profile, model=recorded["model"], repeats=repeats)
+    for old, new in zip(recorded["runs"], again["runs"], strict=True):
+        assert old["errors"].keys() == new["errors"].keys()
+        for key, e in old["errors"].items():
+            assert new["errors"][key]["simulated"] == pytest.approx(e["simulated"], rel=1e-6), (old["run"], key)
+            assert new["errors"][key]["measured"] == pytest.approx(e["measured"], rel=1e-9), (old["run"], key)
+    assert again["max_error_pct"] == pytest.approx(recorded["max_error_pct"], rel=1e-6)

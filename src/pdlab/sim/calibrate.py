@@ -190,12 +190,13 @@ def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: 
     return starts
 
 
-def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 1500,
+def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 3000,
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
     the simulator reproduces their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean absolute log error
     (robust: one metric the simulator cannot reproduce does not drag the others along), in log space (costs stay
-    positive), from several starting points (`_starts`), each restarted. Step-time variation is read off the runs'
+    positive): every starting point (`_starts`) is screened with a short search, and the best one searched on,
+    restarted. Step-time variation is read off the runs'
     quiet inter-token gaps first (`step_quantiles`) and held.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
@@ -251,17 +252,24 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         return float(np.mean([abs(np.log(e["simulated"] / e["measured"])) for e in found])) if found else 0.0
 
     starts = _starts(start_cost, start_overheads.request_s, start_overheads.handoff_s, ttft_floor, longest)
-    budget = max(max_evaluations // (len(starts) * _RESTARTS), 10)
+    # Half the budget screens every start with one short search; the best one gets the rest, restarted.
+    screen = max(max_evaluations // (2 * len(starts)), 10)
     best = None
     for values in starts:
-        x = np.log([*values, link_start])
-        for _ in range(_RESTARTS):
-            result = minimize(objective, x, method="Nelder-Mead",
-                              options={"maxfev": budget, "xatol": 1e-3, "fatol": 1e-6, "adaptive": True})
-            x = result.x
+        result = minimize(objective, np.log([*values, link_start]), method="Nelder-Mead",
+                          options={"maxfev": screen, "xatol": 1e-3, "fatol": 1e-6, "adaptive": True})
         if best is None or result.fun < best.fun:
             best = result
     assert best is not None
+    for _ in range(_RESTARTS):
+        remaining = max_evaluations - evaluations
+        if remaining < 10:
+            break
+        result = minimize(objective, best.x, method="Nelder-Mead",
+                          options={"maxfev": max(remaining // _RESTARTS, 10), "xatol": 1e-4, "fatol": 1e-7,
+                                   "adaptive": True})
+        if result.fun <= best.fun:
+            best = result
     cost, overheads, gbps = unpack(best.x)
     final = [e["error_pct"] for e in errors(best.x)]
     return {
@@ -276,7 +284,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         "fit_error_pct": {"mean": float(np.mean(final)), "max": float(np.max(final)),
                           "of": "p50/p99 TTFT and ITL per class, simulated vs measured, on the calibration runs"},
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
-                          f"{len(starts)} starts x {_RESTARTS} restarts", "start": str(start_path),
+                          f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
+                "start": start or DEFAULT_START_PROFILE,
                 "evaluations": evaluations, "objective": float(best.fun)},
         "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs),
         "dtype_bytes": 4,

@@ -68,7 +68,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                                        "of measuring with torch."),
                   start: str = typer.Option(None, help="--from-runs: profile the search starts from (default: "
                                             "the shipped pdlab-small-vllm-cpu)."),
-                  evaluations: int = typer.Option(1500, min=50, help="--from-runs: simulations the fit may run."),
+                  evaluations: int = typer.Option(3000, min=50, help="--from-runs: simulations the fit may run."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
@@ -130,7 +130,8 @@ def fit_cmd(table: Path = typer.Argument(..., help="CSV: prefill_tokens, prefill
 
 @app.command("validate")
 def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run directories (see docs/simulator.md)."),
-                 profile: Path = typer.Option(..., help="Fitted profile from separate calibration runs."),
+                 profile: Path = typer.Option(..., help="Fitted profile from separate calibration runs: a JSON "
+                                              "path or a name shipped in data/catalog/profiles/."),
                  out: Path = typer.Option(..., help="Directory for validation.json."),
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
                  threshold: int = typer.Option(None, help="Override the run's router threshold."),
@@ -141,9 +142,17 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  results_copy: bool = typer.Option(
                      True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
+    from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
+    from pdlab.sim.scenario import resolve_profile
     from pdlab.sim.validate import RunDirError, infer_shape, read_run, validate_runs
 
+    profile_name = profile
+    try:
+        profile = resolve_profile(profile)
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
     model = model or json.loads(profile.read_text())["model"]
     shape = None
     if threshold is not None or budget is not None:
@@ -156,18 +165,17 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
     except RunDirError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
-    columns = ["run", "metric", "measured ms", "simulated ms", "error %"]
-    if repeat:
-        columns += ["other run ms", "run-to-run %"]
-    table = Table(*columns, title="simulator vs measured")
     for run_result in result["runs"]:
+        columns = ["metric", "measured ms", "simulated ms", "error %"]
+        if "repeat" in run_result:
+            columns += ["other run ms", "run-to-run %"]
+        table = Table(*columns, title=f"simulator vs measured: {run_result['run']}")
         for metric, e in run_result["errors"].items():
-            cells = [Path(run_result["run"]).name, metric, _fmt(e["measured"]), _fmt(e["simulated"]),
-                     _fmt(e["error_pct"])]
-            if repeat:
+            cells = [metric, _fmt(e["measured"]), _fmt(e["simulated"]), _fmt(e["error_pct"])]
+            if "repeat" in run_result:
                 cells += [_fmt(e.get("repeat_measured")), _fmt(e.get("run_to_run_pct"))]
             table.add_row(*cells)
-    console.print(table)
+        console.print(table)
     console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%), median "
                   f"{_fmt(result['median_error_pct'])}%, {result['within_goal']}/{result['metrics']} metrics within "
                   "the goal")
@@ -177,6 +185,12 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                       f"{_fmt(spread['max_pct'])}% ({spread['within_goal']}/{spread['metrics']} within 10%); the "
                       f"simulator is within max(10%, that spread) on {spread['simulator_within_spread']}/"
                       f"{spread['metrics']}")
+    from pdlab.environment import capture
+
+    result["command"] = "pdlab sim validate " + " ".join(
+        [str(r) for r in runs] + [f"--repeat {r}" for r in repeat or []] + [f"--profile {profile_name}"])
+    result["profile"] = str(profile_name)  # as given (a shipped name stays portable across checkouts)
+    result["environment"] = capture()
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2) + "\n"
     (out / "validation.json").write_text(text)
