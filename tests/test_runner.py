@@ -151,3 +151,32 @@ def test_the_baseline_records_the_deployment_it_borrowed(tmp_path):
     assert json.loads(recorded.read_text())["spec"]["name"] == "borrowed"
     # A scenario's own deployment directory is the Deployment's to write (pdlab.deploy), not the runner's.
     assert not (run.dir / "colocated" / "deployment").exists()
+
+
+def test_pdlab_run_sends_a_labs_workload_to_a_running_endpoint(tmp_path):
+    """`pdlab run LAB --url` (a cluster's router, say) measures the lab's workload there instead of deploying it."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from pdlab.cli import app
+
+    hol = yaml.safe_load((Path(__file__).parents[1] / "labs" / "hol-blocking.yaml").read_text())
+    lab = tmp_path / "lab.yaml"  # the hol-blocking lab's scenarios (not deployed here), a small workload
+    lab.write_text(json.dumps({"name": "elsewhere", "scenarios": hol["scenarios"],
+                               "workload": {**WORKLOAD, "num_requests": 4}}))
+    tokenizer = resolve("pdlab-tiny")
+    out = tmp_path / "run"
+    with standin(next(PORTS), "--token-ms", "2", "--path-header", "disaggregated") as url:
+        result = CliRunner().invoke(app, ["run", str(lab), "--url", url, "--model", "pdlab-standin",
+                                          "--tokenizer", str(tokenizer), "--scenario", "cluster", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    check_summary(summary)
+    assert summary["complete"] is True and list(summary["scenarios"]) == ["cluster"]
+    requests = summary["scenarios"]["cluster"]["requests"]
+    assert requests["completed"] == requests["scheduled"] >= 4  # the lab's requests (and its probes), all served
+    assert (out / "report.html").is_file()
+
+    missing = CliRunner().invoke(app, ["run", str(lab), "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "x")])
+    assert missing.exit_code == 1 and "--model and --tokenizer" in missing.output
+    assert not (tmp_path / "x").exists()  # refused before anything was written

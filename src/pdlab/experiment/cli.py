@@ -72,14 +72,31 @@ def run(
     only: list[str] = typer.Option(None, help="Run only these scenarios (repeatable)."),
     out: Path = typer.Option(None, help="Run directory to write (default: runs/<lab>/<timestamp>/)."),
     record: bool = typer.Option(False, help="Also copy summary and environment to data/results/<lab>/<run>/."),
+    url: str = typer.Option(None, help="Send the lab's workload to this running endpoint (e.g. a cluster's router, "
+                            "see docs/cluster.md) instead of deploying its scenarios; needs --model and --tokenizer."),
+    model: str = typer.Option(None, help="--url: the served model's name (e.g. meta-llama/Llama-3.1-8B-Instruct)."),
+    tokenizer: Path = typer.Option(None, help="--url: a directory with the model's tokenizer.json."),
+    scenario: str = typer.Option("endpoint", help="--url: the scenario name the measurement is recorded under."),
 ) -> None:
     """Run a lab: each scenario's deployment in turn, the same workload, one run directory with a report."""
     from pdlab.deploy import DeployError
-    from pdlab.experiment.lab import LabError, record_run, run_lab
+    from pdlab.experiment.lab import LabError, record_run, run_at_url, run_lab
 
     spec = _load(lab)
     try:
-        run_dir = run_lab(spec, quick=quick, duration_s=duration, only=only or None, run_dir=out, console=console)
+        if url is not None:
+            missing = [flag for flag, value in (("--model", model), ("--tokenizer", tokenizer)) if value is None]
+            if missing:
+                raise LabError(f"--url needs {' and '.join(missing)}: the served model's name and a directory with "
+                               "its tokenizer.json, to build prompts of exact token counts")
+            if not (tokenizer / "tokenizer.json").is_file():
+                raise LabError(f"--tokenizer {tokenizer}: no tokenizer.json there (fetch it with huggingface_hub."
+                               "snapshot_download(MODEL, allow_patterns=['tokenizer*', 'config.json']))")
+            run_dir = run_at_url(spec, url, model=model, model_dir=tokenizer, scenario=scenario, quick=quick,
+                                 duration_s=duration, run_dir=out)
+        else:
+            run_dir = run_lab(spec, quick=quick, duration_s=duration, only=only or None, run_dir=out,
+                              console=console)
     except (LabError, DeployError, FileExistsError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=1) from None

@@ -128,6 +128,27 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
     return run.dir
 
 
+def run_at_url(lab: LabSpec, url: str, *, model: str, model_dir: str | Path, scenario: str = "endpoint",
+               quick: bool = False, duration_s: float | None = None, runs_root: str | Path | None = None,
+               run_dir: Path | None = None, progress: bool = True) -> Path:
+    """Send `lab`'s workload to an endpoint that is already serving (a cluster's router, a deployment started
+    elsewhere) instead of deploying the lab's scenarios; one scenario, named `scenario`, in a fresh run directory
+    with the same summary and report as a local run. `model` is the served model's name, `model_dir` a directory
+    with its tokenizer (prompts are built to exact token counts)."""
+    workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
+    if workload is None:
+        raise LabError(f"lab {lab.name!r} has no `workload` to send")
+    run = ExperimentRun(lab.name, workload, runs_root=runs_root, run_dir=run_dir, stall_k=lab.experiment.stall_k,
+                        progress=progress)
+    complete = False
+    try:
+        run.measure(scenario, url, model=model, model_dir=model_dir)
+        complete = True
+    finally:
+        run.finish(complete, [])
+    return run.dir
+
+
 RECORDED_FILES = ("summary.json", "environment.json", "workload.json", "sweep.csv")
 
 
