@@ -4,6 +4,7 @@ started and stopped through the CLI the way a learner does it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,13 @@ PDLAB = [sys.executable, "-m", "pdlab.cli"]
 # This session's `pdlab up` records live in a directory of its own, so another checkout's test run (or a
 # learner's own deployment) can never be mistaken for, or stopped as, this one.
 os.environ.setdefault("PDLAB_STATE_DIR", tempfile.mkdtemp(prefix="pdlab-test-state-"))
+
+
+def as_in_a_terminal() -> None:
+    """`preexec_fn` for a child that a test will Ctrl-C: SIGINT back to its default, as in a terminal. A test run
+    started in the background of a non-interactive shell (`.ci/run &`) ignores SIGINT, children inherit that, and
+    Python then installs no KeyboardInterrupt handler: the test would measure the harness, not pdlab."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def pdlab_processes(marker: str) -> list[psutil.Process]:

@@ -15,7 +15,7 @@ import yaml
 
 from pdlab.config import load_lab
 from pdlab.deploy import DeployError, Deployment
-from tests.conftest import REPO, make_test_lab, pdlab_processes
+from tests.conftest import REPO, as_in_a_terminal, make_test_lab, pdlab_processes
 
 START_SCRIPT = """
 import sys
@@ -82,7 +82,8 @@ def test_no_orphans_when_the_owner_is_interrupted_or_killed(tmp_path, how):
     """Ctrl-C runs the launcher's own clean-up; SIGKILL leaves it no chance, so the guard process cleans up."""
     lab = make_test_lab(tmp_path, f"owner-{how}", 8180 if how == "ctrl-c" else 8184)
     run_dir = tmp_path / "run"
-    owner = subprocess.Popen([sys.executable, "-c", START_SCRIPT, str(lab), str(run_dir)], cwd=REPO)
+    owner = subprocess.Popen([sys.executable, "-c", START_SCRIPT, str(lab), str(run_dir)], cwd=REPO,
+                             preexec_fn=as_in_a_terminal)
     port_marker = "--port 818"
     try:
         assert wait_until(lambda: len(pdlab_processes(port_marker)) >= 2, 60), "instances never started"

@@ -20,6 +20,7 @@ from pdlab.netlab import NetLab, cleanup_stale, kv_bytes_per_token, leftovers, l
 from pdlab.netlab.iproute import ip, namespace_pids, unavailable_reason
 from pdlab.netlab.mover import transfer
 from pdlab.netlab.presets import REFERENCE_KV_BYTES_PER_TOKEN, VETH_CAP_MBPS
+from tests.conftest import as_in_a_terminal
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 NODES = [NodeSpec(name="prefill"), NodeSpec(name="decode")]
@@ -267,7 +268,7 @@ def test_check_interrupted_mid_transfer_tears_down(sig):
     check = subprocess.Popen([sys.executable, "-c", code, "netlab", "check", "--mbps", "2", "--bytes", "50000000",
                               "--run-id", run_id],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                             env={**os.environ, "PYTHONPATH": SRC})
+                             env={**os.environ, "PYTHONPATH": SRC}, preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 30
         while len(leftovers(run_id)["qdiscs"]) < 4 and time.monotonic() < deadline:  # wait until the link is up

@@ -16,6 +16,7 @@ from pdlab.experiment.runner import ExperimentRun, read_run, run_workload
 from pdlab.experiment.schema import check_summary
 from pdlab.load import COLUMNS, read_rows
 from pdlab.model import resolve
+from tests.conftest import as_in_a_terminal
 from tests.standin_process import SRC, standin
 
 PORTS = iter(range(19200, 19300))
@@ -82,7 +83,7 @@ def test_interrupted_run_is_marked_incomplete_and_counts_are_exact(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with standin(next(PORTS), "--token-ms", "50") as url:
         process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, url, str(tmp_path)], env=env,
-                                   stderr=subprocess.PIPE)
+                                   stderr=subprocess.PIPE, preexec_fn=as_in_a_terminal)
         try:
             rows_file = None
             deadline = time.monotonic() + 60

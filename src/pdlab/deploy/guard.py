@@ -18,8 +18,11 @@ from pdlab.deploy.process import stop_group
 
 
 def owner_alive(pid: int, create_time: float) -> bool:
+    """The owner runs: same pid and start time, and not a zombie (killed, but not yet reaped by its parent, e.g.
+    a test harness or a notebook server that is itself stuck: it will never stop its deployment)."""
     try:
-        return abs(psutil.Process(pid).create_time() - create_time) < 0.01
+        owner = psutil.Process(pid)
+        return abs(owner.create_time() - create_time) < 0.01 and owner.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
