@@ -99,12 +99,13 @@ sweep_figure(table, x="rate", y="short_ttft_p99_ms", title="short requests' p99 
 from pdlab.metrics.summary import scenario_summary
 
 low, high = scenario_summary(runs[RATES[0]]), scenario_summary(runs[RATES[-1]])
-course.check(
-    high["all"]["ttft_ms"]["p90"] > low["all"]["ttft_ms"]["p90"],
-    f"more load, longer waits: p90 TTFT {high['all']['ttft_ms']['p90']:,.0f} ms at {RATES[-1]:g} req/s vs "
-    f"{low['all']['ttft_ms']['p90']:,.0f} ms at {RATES[0]:g} req/s",
-    "make the highest rate in RATES higher (or LONG_FRACTION larger) so that requests queue",
-)
+waits = (f"more load, longer waits: p90 TTFT {high['all']['ttft_ms']['p90']:,.0f} ms at {RATES[-1]:g} req/s vs "
+         f"{low['all']['ttft_ms']['p90']:,.0f} ms at {RATES[0]:g} req/s")
+if course.quick():  # a few requests per rate: one slow first P/D request (NIXL's first handshake) sets the p90
+    print(f"quick mode, not checked: {waits}")
+else:
+    course.check(high["all"]["ttft_ms"]["p90"] > low["all"]["ttft_ms"]["p90"], waits,
+                 "make the highest rate in RATES higher (or LONG_FRACTION larger) so that requests queue")
 course.check(
     table["attainment"].iloc[-1] <= table["attainment"].iloc[0] + 0.1,
     f"SLO attainment does not improve with load ({table['attainment'].iloc[0]:.0%} at {RATES[0]:g} req/s, "
