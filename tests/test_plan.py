@@ -49,6 +49,8 @@ def test_vllm_command_and_environment():
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(prefill.spec.nixl_side_channel_port)
     assert env["UCX_TLS"] == "tcp,self,sm"
+    # a sleeping lock: NIXL's progress thread runs at idle priority (see deprioritize_spinning_threads)
+    assert env["UCX_USE_MT_MUTEX"] == "y"
 
 
 def test_colocated_has_no_connector_and_engine_knobs_pass_through():
