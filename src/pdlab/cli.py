@@ -180,6 +180,43 @@ def bench_startup(
     console.print(f"written: {result['path']}")
 
 
+@bench_app.command("prefill")
+def bench_prefill(
+    lab: Path = typer.Argument(Path("labs/local-colocated.yaml"),
+                               help="Lab spec whose deployment to start and probe (its first instance)."),
+    url: str = typer.Option(None, help="Probe this running instance instead of starting the lab's deployment."),
+    lengths: str = typer.Option(",".join(str(n) for n in (16, 64, 256, 512, 1024, 2048, 3000, 4096, 6000)),
+                                help="Prompt lengths in tokens, comma-separated."),
+    repeats: int = typer.Option(3, min=1, help="Timed requests per length (the fastest is kept)."),
+    out: Path = typer.Option(None, help="Output JSON (default: data/results/prefill/<timestamp>.json)."),
+) -> None:
+    """Time one instance prefilling prompts of N tokens, one request at a time: the simulator's step-cost
+    micro-benchmark on the real server (`pdlab sim calibrate --from-runs ... --prefill-probe FILE`)."""
+    from pdlab.benchmarks import prefill
+    from pdlab.deploy import Deployment
+
+    try:
+        wanted = [int(part) for part in lengths.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{lengths!r}: want comma-separated integers", param_hint="--lengths") from None
+    try:
+        if url:
+            result = prefill.run(url.rstrip("/"), wanted, repeats=repeats, out=out)
+        else:
+            spec = _load_deployment(lab)
+            with Deployment(spec, console=console) as dep:
+                first = dep.instances[0]
+                console.print(f"probing {first.spec.name} at {first.url} (one core, nothing else running)")
+                result = prefill.run(first.url, wanted, repeats=repeats, out=out,
+                                     deployment=f"{spec.name}/{first.spec.name}")
+    except prefill.ProbeError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    for point in result["points"]:
+        console.print(f"{point['prompt_tokens']:>6} tokens: {point['ttft_s'] * 1e3:8.1f} ms")
+    console.print(f"written: {result['path']}")
+
+
 def main() -> None:
     app()
 

@@ -142,7 +142,9 @@ def build_app(args: argparse.Namespace) -> Starlette:
             return error(400, "malformed JSON body")
         state["requests"] += 1
         prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt", ""))
-        prompt_tokens = max(1, len(prompt.split()))
+        raw = body.get("prompt")
+        token_ids = isinstance(raw, list) and all(isinstance(t, int) for t in raw)  # a prompt given as token ids
+        prompt_tokens = max(1, len(raw) if token_ids else len(prompt.split()))
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         kv_in = body.get("kv_transfer_params") or {}
         request_id = request.headers.get("x-request-id") or f"standin-{uuid.uuid4().hex[:12]}"
