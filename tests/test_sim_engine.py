@@ -60,19 +60,34 @@ def test_serving_overheads_delay_the_request_and_the_hand_off_by_exactly_their_a
     assert first_token(ServingOverheads(request_s=0.02, handoff_s=0.005)) == pytest.approx(plain + 0.025)
 
 
-def test_step_variation_draws_from_the_quantiles_and_keeps_the_mean_step() -> None:
-    quantiles = (0.5, 1.0, 1.5)  # uniform between 0.5 and 1.5: mean 1
-    factors = ServingOverheads(step_quantiles=quantiles).step_factors(seed=3)
-    drawn = [next(factors) for _ in range(20_000)]
-    assert min(drawn) >= 0.5 and max(drawn) <= 1.5
-    assert sum(drawn) / len(drawn) == pytest.approx(1.0, abs=0.01)
+def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> None:
+    jitter = (-0.002, 0.0, 0.002)  # uniform between -2 and +2 ms: mean 0
+    offsets = ServingOverheads(step_jitter_s=jitter).step_jitters(seed=3)
+    drawn = [next(offsets) for _ in range(20_000)]
+    assert min(drawn) >= -0.002 and max(drawn) <= 0.002
+    assert sum(drawn) / len(drawn) == pytest.approx(0.0, abs=5e-5)
     inst = instance("colocated-0", "colocated")
-    sim = Simulation(router=RouterSettings(), colocated=[inst], overheads=ServingOverheads(step_quantiles=quantiles))
+    sim = Simulation(router=RouterSettings(), colocated=[inst], overheads=ServingOverheads(step_jitter_s=jitter))
     [request] = sim.run([Arrival(0.0, 10, 400, "short")])
     gaps = [b - a for a, b in zip(token_times(request), token_times(request)[1:], strict=False)]
     nominal = COST.step_time(0, 0, 1, 200)
-    assert min(gaps) < 0.8 * nominal and max(gaps) > 1.2 * nominal  # steps vary...
+    assert min(gaps) < nominal - 0.001 and max(gaps) > nominal + 0.001  # steps vary...
     assert sum(gaps) / len(gaps) == pytest.approx(nominal, rel=0.05)  # ...around the cost model's time
+    # Additive: a long prefill step strays by the same few milliseconds, not by the same fraction.
+    sim = Simulation(router=RouterSettings(), colocated=[instance("colocated-1", "colocated")],
+                     overheads=ServingOverheads(step_jitter_s=jitter))
+    [long] = sim.run([Arrival(0.0, 2000, 1, "long")])
+    prefill = COST.step_time(2000, chunk_attention(2000, 0), 0, 0)
+    assert abs(token_times(long)[0] - prefill) <= 0.002 + 1e-9
+
+
+def test_a_profile_with_step_variation_as_a_factor_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ValueError, match="re-fit it with `pdlab sim calibrate --from-runs"):
+        ServingOverheads.from_json({"request_ms": 3.0, "step_quantiles": [0.5, 1.0, 1.5]})
+    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002))
+    again = ServingOverheads.from_json(round_trip.to_json())
+    assert (again.request_s, again.handoff_s) == pytest.approx((0.003, 0.004))
+    assert again.step_jitter_s == pytest.approx(round_trip.step_jitter_s)
 
 
 def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:

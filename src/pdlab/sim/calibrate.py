@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdlab.sim.costs import CalibrationPoint, FittedCost, fit_profile
+from pdlab.sim.costs import CalibrationPoint, FittedCost, ServingOverheads, fit_profile
 
 
 @dataclass(frozen=True)
@@ -119,13 +119,13 @@ def quiet_gaps(rows: list, bucket_tokens: int = 64) -> list[tuple[int, int, floa
     return gaps
 
 
-def step_quantiles(runs_rows: list[list], points: int = 101, min_group: int = 20,
-                   tail: float = 0.01) -> tuple[float, ...]:
-    """How much steps vary around their typical time: each run's quiet inter-token gaps divided by the median gap
-    of their (batch, context) group, as quantiles at `points` evenly spaced probabilities, averaged over the runs
-    (so one unusual run does not dominate). The outer `tail` of each run is clipped: the body of the distribution
-    is what sets a p99; the rare long freezes beyond it (on 1P1D, the decode instance stopping for 0.4-1.6 s
-    while two KV transfers overlap) are a different mechanism, not a slow step, and are left out."""
+def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20,
+                tail: float = 0.01) -> tuple[float, ...]:
+    """How much steps stray from their typical time, in seconds: each run's quiet inter-token gaps minus the median
+    gap of their (batch, context) group, as quantiles at `points` evenly spaced probabilities, averaged over the
+    runs (so one unusual run does not dominate). The outer `tail` of each run is clipped: the body of the
+    distribution is what sets a p99; the rare long pauses beyond it (the machine's other work, a garbage
+    collection) would otherwise land on every simulated step's tail."""
     import numpy as np
 
     per_run = []
@@ -133,10 +133,10 @@ def step_quantiles(runs_rows: list[list], points: int = 101, min_group: int = 20
         groups: dict[tuple[int, int], list[float]] = {}
         for batch, context, gap in quiet_gaps(rows):
             groups.setdefault((batch, context), []).append(gap)
-        ratios = [g / float(np.median(gaps)) for gaps in groups.values() if len(gaps) >= min_group for g in gaps]
-        if ratios:
-            low, high = np.quantile(ratios, [tail, 1 - tail])
-            per_run.append(np.quantile(np.clip(ratios, low, high), np.linspace(0.0, 1.0, points)))
+        offsets = [g - float(np.median(gaps)) for gaps in groups.values() if len(gaps) >= min_group for g in gaps]
+        if offsets:
+            low, high = np.quantile(offsets, [tail, 1 - tail])
+            per_run.append(np.quantile(np.clip(offsets, low, high), np.linspace(0.0, 1.0, points)))
     if not per_run:
         return ()
     return tuple(float(q) for q in np.mean(per_run, axis=0))
@@ -190,14 +190,36 @@ def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: 
     return starts
 
 
+def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int) -> float:
+    """What the simulator says one request of `prompt_tokens` takes to its first token on an idle instance with
+    vLLM's CPU scheduler defaults (the prompt chunked by the token budget): what `pdlab bench prefill` measures."""
+    from dataclasses import replace
+
+    from pdlab.config.router import RouterSettings
+    from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
+    from pdlab.sim.engine import Instance, Simulation
+    from pdlab.sim.summary import token_times
+    from pdlab.sim.workload import Arrival
+
+    alone = Instance(name="probe", role="colocated", cost=cost, budget=VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
+                     max_seqs=VLLM_CPU_MAX_NUM_SEQS, kv_capacity=prompt_tokens + 16)
+    # The probe keeps the fastest of its repeats, so the step jitter (mostly delays) is left out here.
+    sim = Simulation(router=RouterSettings(), colocated=[alone], overheads=replace(overheads, step_jitter_s=()))
+    [request] = sim.run([Arrival(0.0, prompt_tokens, 1, "probe")])
+    return float(token_times(request)[0])
+
+
 def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 3000,
+                prefill_probe: list[tuple[int, float]] | None = None, probe_source: str | None = None,
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
     the simulator reproduces their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean absolute log error
     (robust: one metric the simulator cannot reproduce does not drag the others along), in log space (costs stay
     positive): every starting point (`_starts`) is screened with a short search, and the best one searched on,
     restarted. Step-time variation is read off the runs'
-    quiet inter-token gaps first (`step_quantiles`) and held.
+    quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
+    `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
+    prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
@@ -210,7 +232,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     from scipy.optimize import minimize
 
     from pdlab.environment import capture
-    from pdlab.sim.costs import FEATURES, ServingOverheads, load_profile
+    from pdlab.sim.costs import FEATURES, load_profile
     from pdlab.sim.scenario import prepare, resolve_profile, simulate
     from pdlab.sim.validate import compare, replay_of
 
@@ -218,7 +240,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     start_cost, start_profile = load_profile(start_path)
     start_overheads = ServingOverheads.from_json(start_profile.get("overheads"))
     replays = [replay_of(Path(d), start_path, model=model) for d in run_dirs]
-    quantiles = step_quantiles([r.rows for r in replays])
+    jitter = step_jitter([r.rows for r in replays])
     prepared = [prepare(r.spec) for r in replays]
     link = prepared[0].link
     link_start = measured_link_gbps(run_dirs) or link.bandwidth_gbps
@@ -229,7 +251,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:5])), ServingOverheads(  # type: ignore[arg-type]
-            float(values[5]), float(values[6]), quantiles), float(values[7])
+            float(values[5]), float(values[6]), jitter), float(values[7])
 
     def errors(x: np.ndarray) -> list[dict]:
         cost, overheads, gbps = unpack(x)
@@ -241,6 +263,15 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
             out += list(compare(replay.measured, simulated).values())
         return out
 
+    def probe_errors(x: np.ndarray) -> list[dict]:
+        cost, overheads, _ = unpack(x)
+        out = []
+        for tokens, seconds in prefill_probe or ():
+            predicted = probe_ttft(cost, overheads, tokens)
+            out.append({"measured": seconds, "simulated": predicted,
+                        "error_pct": abs(predicted - seconds) / seconds * 100})
+        return out
+
     evaluations = 0
 
     def objective(x: np.ndarray) -> float:
@@ -248,7 +279,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         evaluations += 1
         if evaluations % 50 == 0:
             progress(f"fit: {evaluations} simulations of {len(replays)} runs")
-        found = errors(x)
+        found = errors(x) + probe_errors(x)
         return float(np.mean([abs(np.log(e["simulated"] / e["measured"])) for e in found])) if found else 0.0
 
     starts = _starts(start_cost, start_overheads.request_s, start_overheads.handoff_s, ttft_floor, longest)
@@ -272,6 +303,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
             best = result
     cost, overheads, gbps = unpack(best.x)
     final = [e["error_pct"] for e in errors(best.x)]
+    probed = [e["error_pct"] for e in probe_errors(best.x)]
     return {
         "kind": "fitted",
         "model": model,
@@ -283,11 +315,15 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                  "source": "fitted with the costs, from the runs' measured KV transfer throughput (kv.json)"},
         "fit_error_pct": {"mean": float(np.mean(final)), "max": float(np.max(final)),
                           "of": "p50/p99 TTFT and ITL per class, simulated vs measured, on the calibration runs"},
+        **({"prefill_probe": {"source": probe_source, "points": [list(p) for p in prefill_probe],
+                              "error_pct": {"mean": float(np.mean(probed)), "max": float(np.max(probed))}}}
+           if prefill_probe else {}),
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
                           f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
                 "start": start or DEFAULT_START_PROFILE,
                 "evaluations": evaluations, "objective": float(best.fun)},
-        "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs),
+        "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs)
+                  + (f" --prefill-probe {probe_source}" if prefill_probe else ""),
         "dtype_bytes": 4,
         "environment": capture(),
     }

@@ -69,18 +69,27 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   start: str = typer.Option(None, help="--from-runs: profile the search starts from (default: "
                                             "the shipped pdlab-small-vllm-cpu)."),
                   evaluations: int = typer.Option(3000, min=50, help="--from-runs: simulations the fit may run."),
+                  prefill_probe: Path = typer.Option(None, "--prefill-probe", help="--from-runs: also fit to a "
+                                                     "`pdlab bench prefill` result (single-request prefill times "
+                                                     "on the real server)."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
+    from pdlab.benchmarks.prefill import load_points
     from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
     from pdlab.sim.calibrate import CalibrationGrid, calibrate, fit_to_runs
     from pdlab.sim.validate import RunDirError
 
+    if prefill_probe is not None and not from_runs:
+        console.print("[red]error:[/red] --prefill-probe goes with --from-runs (it is fitted together with runs)")
+        raise typer.Exit(code=2)
     if from_runs:
         try:
+            probe = load_points(prefill_probe) if prefill_probe is not None else None
             with console.status(f"fitting {model} to {len(from_runs)} runs ...") as status:
                 profile = fit_to_runs(from_runs, model, start=start, max_evaluations=evaluations,
+                                      prefill_probe=probe, probe_source=str(prefill_probe) if probe else None,
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")
@@ -95,6 +104,9 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     fitted = f"{len(profile['points'])} points" if "points" in profile else f"{len(from_runs)} runs"
     console.print(f"fitted {fitted}, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
                   f"max {profile['fit_error_pct']['max']:.1f}%: {out}")
+    if probed := profile.get("prefill_probe"):
+        console.print(f"prefill probe: {len(probed['points'])} lengths, error mean "
+                      f"{probed['error_pct']['mean']:.1f}% max {probed['error_pct']['max']:.1f}%")
 
 
 def _quick_grid():

@@ -156,35 +156,40 @@ class ServingOverheads:
       and choice, vLLM's own tokenization): added to every TTFT;
     - `handoff_s`: on the P/D path, from prefill's answer to the decode instance starting to pull the KV (the
       router's second request);
-    - `step_quantiles`: the distribution of a step's time relative to its cost model (quantiles at evenly spaced
-      probabilities, from 0 to 1): on a shared CPU, other processes, the API server's streaming and Python's
-      garbage collector stretch some steps, which is what sets the p99 of inter-token latency. Empty: no variation.
+    - `step_jitter_s`: how much a step's time strays from its cost model, in seconds (quantiles at evenly spaced
+      probabilities, from 0 to 1): on a shared CPU the API server's streaming, other processes and Python's garbage
+      collector add or take a few milliseconds around a step, which is what sets the p99 of inter-token latency.
+      Additive, not a factor: a 1-second prefill step is not stretched by half because 10 ms decode steps vary by
+      half. Empty: no variation.
     Zero for roofline (GPU) costs, which describe the engine alone."""
 
     request_s: float = 0.0
     handoff_s: float = 0.0
-    step_quantiles: tuple[float, ...] = ()
+    step_jitter_s: tuple[float, ...] = ()
 
-    def step_factors(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
-        """An endless supply of step-time factors drawn from `step_quantiles` (1.0 when there are none)."""
-        if not self.step_quantiles:
+    def step_jitters(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
+        """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none)."""
+        if not self.step_jitter_s:
             while True:
-                yield 1.0
+                yield 0.0
         rng = np.random.default_rng(seed)
-        probs = np.linspace(0.0, 1.0, len(self.step_quantiles))
+        probs = np.linspace(0.0, 1.0, len(self.step_jitter_s))
         while True:
-            yield from np.interp(rng.random(block), probs, self.step_quantiles).tolist()
+            yield from np.interp(rng.random(block), probs, self.step_jitter_s).tolist()
 
     def to_json(self) -> dict:
         return {"request_ms": self.request_s * 1e3, "handoff_ms": self.handoff_s * 1e3,
-                "step_quantiles": list(self.step_quantiles)}
+                "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s]}
 
     @classmethod
     def from_json(cls, data: dict | None) -> ServingOverheads:
         data = data or {}
+        if "step_quantiles" in data:
+            raise ValueError("this profile's overheads have `step_quantiles` (step variation as a factor, an "
+                             "earlier pdlab); re-fit it with `pdlab sim calibrate --from-runs RUN_DIRS`")
         return cls(request_s=float(data.get("request_ms", 0.0)) / 1e3,
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
-                   step_quantiles=tuple(float(q) for q in data.get("step_quantiles", ())))
+                   step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())))
 
 
 def load_profile(path: str | Path) -> tuple[FittedCost, dict]:

@@ -121,7 +121,7 @@ class Simulation:
                  overheads: ServingOverheads | None = None, seed: int = 0):
         self.router = router
         self.overheads = overheads or ServingOverheads()
-        self._step_factors = self.overheads.step_factors(seed)
+        self._step_jitters = self.overheads.step_jitters(seed)
         self.prefill_pool = list(prefill)
         self.decode_pool = list(colocated) or list(decode)
         self.prefill_strategy: RoutingStrategy = make_strategy(router.prefill_strategy)
@@ -170,7 +170,7 @@ class Simulation:
                 inst.idle = None
                 continue
             chunks, duration = step
-            yield env.timeout(duration * next(self._step_factors))
+            yield env.timeout(max(duration + next(self._step_jitters), 0.0))
             self._end_step(inst, chunks)
 
     # -- router -------------------------------------------------------------------------------------------------
