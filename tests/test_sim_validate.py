@@ -231,3 +231,7 @@ def test_a_prefill_probe_needs_runs_to_fit_with(tmp_path: Path) -> None:
     probe.write_text(json.dumps({"points": [{"prompt_tokens": 10, "ttft_s": 0.02}]}))
     result = CliRunner().invoke(app, ["sim", "calibrate", "--prefill-probe", str(probe)])
     assert result.exit_code == 2 and "goes with --from-runs" in result.output
+    result = CliRunner().invoke(app, ["sim", "calibrate", "--from-runs", "--prefill-probe", str(probe)])
+    assert result.exit_code == 2 and "needs run directories" in result.output
+    result = CliRunner().invoke(app, ["sim", "calibrate", str(tmp_path)])
+    assert result.exit_code == 2 and "go with --from-runs" in " ".join(result.output.split())  # rich wraps

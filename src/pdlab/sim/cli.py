@@ -63,9 +63,10 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
 @app.command("calibrate")
 def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog model to measure."),
                   out: Path = typer.Option(None, help="Profile JSON (default data/results/sim-profile-MODEL.json)."),
-                  from_runs: list[Path] = typer.Option(None, "--from-runs", help="Fit on these measured run "
-                                                       "directories (scenario directories of `pdlab run`) instead "
-                                                       "of measuring with torch."),
+                  from_runs: bool = typer.Option(False, "--from-runs", help="Fit through the simulator on the "
+                                                 "measured run directories given as arguments (scenario "
+                                                 "directories of `pdlab run`) instead of measuring with torch."),
+                  runs: list[Path] = typer.Argument(None, help="With --from-runs: the run directories."),
                   start: str = typer.Option(None, help="--from-runs: profile the search starts from (default: "
                                             "the shipped pdlab-small-vllm-cpu)."),
                   evaluations: int = typer.Option(3000, min=50, help="--from-runs: simulations the fit may run."),
@@ -84,11 +85,16 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     if prefill_probe is not None and not from_runs:
         console.print("[red]error:[/red] --prefill-probe goes with --from-runs (it is fitted together with runs)")
         raise typer.Exit(code=2)
+    if bool(from_runs) != bool(runs):
+        console.print("[red]error:[/red] " + ("--from-runs needs run directories: pdlab sim calibrate --from-runs "
+                                              "runs/LAB/RUN/SCENARIO ..." if from_runs else
+                                              f"run directories ({runs[0]}, ...) go with --from-runs"))
+        raise typer.Exit(code=2)
     if from_runs:
         try:
             probe = load_points(prefill_probe) if prefill_probe is not None else None
-            with console.status(f"fitting {model} to {len(from_runs)} runs ...") as status:
-                profile = fit_to_runs(from_runs, model, start=start, max_evaluations=evaluations,
+            with console.status(f"fitting {model} to {len(runs)} runs ...") as status:
+                profile = fit_to_runs(runs, model, start=start, max_evaluations=evaluations,
                                       prefill_probe=probe, probe_source=str(prefill_probe) if probe else None,
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
@@ -101,7 +107,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     out = out or data_dir() / "results" / f"sim-profile-{model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
-    fitted = f"{len(profile['points'])} points" if "points" in profile else f"{len(from_runs)} runs"
+    fitted = f"{len(profile['points'])} points" if "points" in profile else f"{len(runs)} runs"
     console.print(f"fitted {fitted}, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
                   f"max {profile['fit_error_pct']['max']:.1f}%: {out}")
     if probed := profile.get("prefill_probe"):
