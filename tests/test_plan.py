@@ -51,6 +51,8 @@ def test_vllm_command_and_environment():
     assert env["UCX_TLS"] == "tcp,self,sm"
     # a sleeping lock: NIXL's progress thread runs at idle priority (see deprioritize_spinning_threads)
     assert env["UCX_USE_MT_MUTEX"] == "y"
+    spinlock = validate(DeploymentSpec, {**spec().model_dump(), "connector": {"kind": "nixl", "ucx_mutex": False}})
+    assert plan_deployment(spinlock, "/models/x", base_env={}, cores=[0, 1])[0].env["UCX_USE_MT_MUTEX"] == "n"
 
 
 def test_colocated_has_no_connector_and_engine_knobs_pass_through():

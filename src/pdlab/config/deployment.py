@@ -88,6 +88,10 @@ class ConnectorSpec(Spec):
     """NIXL transport backends: UCX locally (TCP/shared memory), LIBFABRIC for AWS EFA."""
     ucx_tls: str = "tcp,self,sm"
     """UCX transports (UCX_TLS) for the local tier."""
+    ucx_mutex: bool = True
+    """UCX's multi-threaded worker lock as a mutex (UCX_USE_MT_MUTEX=y) rather than UCX's default spinlock. Keep it
+    on: with NIXL's progress thread at idle priority, the spinlock freezes the decode instance around KV reads
+    (docs/simulator.md). `false` is there to see that happen (labs/ucx-lock.yaml)."""
     buffer_device: Literal["cpu", "cuda"] = "cpu"
     """Where the connector stages KV blocks."""
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"

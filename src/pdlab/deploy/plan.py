@@ -146,7 +146,7 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
         # idle-class thread holds it, the engine spins on its own core and the holder hardly ever runs (priority
         # inversion), freezing every stream for 0.4-1.6 s. A mutex lets the waiter sleep so the holder runs at
         # once. Measured on the hol-blocking load: NIXL post time 1.40 -> 0.18 s, short ITL max 1,252 -> 55 ms.
-        "UCX_USE_MT_MUTEX": "y",
+        "UCX_USE_MT_MUTEX": "y" if spec.connector.ucx_mutex else "n",
         # Block hashes must agree across instances for KV-aware routing and prefix reuse.
         "PYTHONHASHSEED": "0",
         "VLLM_NO_USAGE_STATS": "1",
