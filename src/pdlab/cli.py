@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pdlab.benchmarks.prefill import DEFAULT_LENGTHS as PREFILL_LENGTHS
 from pdlab.cluster.cli import app as cluster_app
 from pdlab.experiment import cli as experiment_cli
 from pdlab.netlab.cli import app as netlab_app
@@ -66,6 +67,14 @@ def model_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
         params = f"{row['parameters'] / 1e6:.1f}M" if row.get("parameters") else "-"
         table.add_row(row["name"], "yes" if row["made"] else "no", params, row["description"], row["path"])
     console.print(table)
+
+
+def _ints(text: str, option: str) -> list[int]:
+    """A comma-separated list of integers given to `option`."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: want comma-separated integers", param_hint=option) from None
 
 
 def _load_deployment(lab: Path):  # type: ignore[no-untyped-def]
@@ -185,8 +194,7 @@ def bench_prefill(
     lab: Path = typer.Argument(Path("labs/local-colocated.yaml"),
                                help="Lab spec whose deployment to start and probe (its first instance)."),
     url: str = typer.Option(None, help="Probe this running instance instead of starting the lab's deployment."),
-    lengths: str = typer.Option(",".join(str(n) for n in (16, 64, 256, 512, 1024, 2048, 3000, 4096, 6000)),
-                                help="Prompt lengths in tokens, comma-separated."),
+    lengths: str = typer.Option(",".join(map(str, PREFILL_LENGTHS)), help="Prompt lengths in tokens, comma-separated."),
     repeats: int = typer.Option(3, min=1, help="Timed requests per length (the fastest is kept)."),
     out: Path = typer.Option(None, help="Output JSON (default: data/results/prefill/<timestamp>.json)."),
 ) -> None:
@@ -195,10 +203,7 @@ def bench_prefill(
     from pdlab.benchmarks import prefill
     from pdlab.deploy import Deployment
 
-    try:
-        wanted = [int(part) for part in lengths.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{lengths!r}: want comma-separated integers", param_hint="--lengths") from None
+    wanted = _ints(lengths, "--lengths")
     try:
         if url:
             result = prefill.run(url.rstrip("/"), wanted, repeats=repeats, out=out)
@@ -237,15 +242,9 @@ def bench_phases(
     from pdlab import phases
     from pdlab.settings import data_dir
 
-    def ints(text: str, option: str) -> list[int]:
-        try:
-            return [int(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise typer.BadParameter(f"{text!r}: want comma-separated integers", param_hint=option) from None
-
     with console.status(f"measuring prefill and decode of {model} on one thread ..."):
-        record = phases.benchmark(model, ints(lengths, "--lengths"), ints(batches, "--batches"),
-                                  ints(contexts, "--contexts"), repeats=repeats)
+        record = phases.benchmark(model, _ints(lengths, "--lengths"), _ints(batches, "--batches"),
+                                  _ints(contexts, "--contexts"), repeats=repeats)
     out = (out_dir or data_dir() / "results") / f"phases-{Path(model).name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")

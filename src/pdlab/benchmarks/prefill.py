@@ -9,6 +9,7 @@ with the runs, which pins the prefill cost that loaded runs only show through qu
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Sequence
@@ -75,8 +76,6 @@ def run(url: str, lengths: Sequence[int] = DEFAULT_LENGTHS, *, repeats: int = 3,
 
 def load_points(path: Path) -> list[tuple[int, float]]:
     """(prompt tokens, fastest seconds) pairs from a `pdlab bench prefill` JSON."""
-    import json
-
     try:
         data = json.loads(Path(path).read_text())
         return [(int(p["prompt_tokens"]), float(p["ttft_s"])) for p in data["points"]]
