@@ -77,3 +77,22 @@ def test_status_reports_the_deployment_healthy(live_1p1d):
     rows = [r for r in json.loads(run_pdlab("status", "--json").stdout) if r["deployment"] == live_1p1d.spec.name]
     assert {r["role"] for r in rows} >= {"prefill", "decode"}
     assert all(r["alive"] and r["healthy"] for r in rows)
+
+
+def test_bench_transfer_times_real_kv_reads_beside_idle_and_busy_instances(live_1p1d, tmp_path):
+    """`pdlab bench transfer` on the session deployment: every condition's probe takes the P/D path and moves its
+    KV with NIXL (vLLM's own transfer metrics change), and the result is written with its environment."""
+    out = tmp_path / "transfer.json"
+    done = run_pdlab("bench", "transfer", "--deployment", live_1p1d.spec.name, "--prompt-tokens", "400",
+                     "--busy-tokens", "1500", "--repeats", "1", "--out", str(out), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert [t["condition"] for t in result["trials"]] == ["idle", "prefill-busy", "decode-prefilling",
+                                                         "decode-streaming"]
+    for trial in result["trials"]:
+        assert trial["transfers"] >= 1 and trial["bytes"] > 0 and trial["xfer_ms"] > 0, trial
+        assert trial["ttft_s"] > 0
+    assert set(result["summary"]) == {t["condition"] for t in result["trials"]}
+    assert "git" in result["environment"]
+    below = run_pdlab("bench", "transfer", "--deployment", live_1p1d.spec.name, "--prompt-tokens", "10")
+    assert below.returncode == 2 and "below the router threshold" in below.stdout

@@ -222,6 +222,53 @@ def bench_prefill(
     console.print(f"written: {result['path']}")
 
 
+@bench_app.command("transfer")
+def bench_transfer(
+    lab: Path = typer.Argument(Path("labs/local-1p1d-router.yaml"),
+                               help="Lab spec whose P/D deployment (prefill, decode, router) to start and probe."),
+    deployment: str = typer.Option(None, help="Probe this `pdlab up` deployment instead of starting the lab's."),
+    prompt_tokens: int = typer.Option(3000, min=1, help="Probe prompt length (at or above the router threshold)."),
+    busy_tokens: int = typer.Option(6000, min=1, help="Length of the prompt that keeps an instance busy."),
+    repeats: int = typer.Option(3, min=1, help="Trials per condition."),
+    out: Path = typer.Option(None, help="Output JSON (default: data/results/transfer/<timestamp>.json)."),
+) -> None:
+    """Time one prompt's KV transfer beside idle and busy instances (what the simulator's sender gating
+    describes): the probe's time to first token and vLLM's own transfer time, per condition."""
+    from pdlab.benchmarks import transfer
+    from pdlab.benchmarks.prefill import ProbeError
+    from pdlab.deploy import Deployment
+    from pdlab.deploy.launcher import DeployError
+
+    def probe(dep: Deployment) -> dict:
+        if not dep.router_url or not dep.urls("prefill") or not dep.urls("decode"):
+            console.print("[red]error:[/red] the transfer probe needs a P/D deployment with a router (a prefill "
+                          "and a decode instance), e.g. labs/local-1p1d-router.yaml")
+            raise typer.Exit(code=2)
+        threshold = dep.spec.router.threshold if dep.spec.router else 0
+        if prompt_tokens < threshold:
+            console.print(f"[red]error:[/red] --prompt-tokens {prompt_tokens} is below the router threshold "
+                          f"({threshold}): the probe would not take the P/D path")
+            raise typer.Exit(code=2)
+        return transfer.run(dep.router_url, dep.urls("prefill")[0], dep.urls("decode")[0], out=out,
+                            deployment=dep.spec.name, prompt_tokens=prompt_tokens, busy_tokens=busy_tokens,
+                            repeats=repeats)
+
+    try:
+        if deployment:
+            result = probe(Deployment.attach(deployment))
+        else:
+            with Deployment(_load_deployment(lab), console=console) as dep:
+                result = probe(dep)
+    except (ProbeError, DeployError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    for condition, figures in result["summary"].items():
+        xfer = figures["xfer_ms_median"]
+        console.print(f"{condition:>18}: first token {figures['ttft_ms_median']:8.1f} ms, KV transfer "
+                      + (f"{xfer:7.1f} ms (max {figures['xfer_ms_max']:.1f})" if xfer is not None else "not seen"))
+    console.print(f"written: {result['path']}")
+
+
 def main() -> None:
     app()
 
