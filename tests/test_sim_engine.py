@@ -60,6 +60,55 @@ def test_serving_overheads_delay_the_request_and_the_hand_off_by_exactly_their_a
     assert first_token(ServingOverheads(request_s=0.02, handoff_s=0.005)) == pytest.approx(plain + 0.025)
 
 
+def test_a_kv_read_beside_a_busy_prefill_instance_advances_only_at_its_step_ends() -> None:
+    """Two prompts back to back on one prefill instance: the first one's 500 kB read is posted while the second
+    one is prefilled in 512-token steps. Beside an idle sender it would take its wire time; gated by the sender
+    at 200 kB per step end it needs three of the second prompt's step ends."""
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    arrivals = [Arrival(at_s=1.0, prompt_tokens=500, output_tokens=2, cls="long"),
+                Arrival(at_s=1.1, prompt_tokens=2000, output_tokens=2, cls="long")]
+
+    def run(sender_step_bytes: float | None):  # type: ignore[no-untyped-def]
+        prefill = instance("p", "prefill", budget=512, link=Link(transfer))
+        sim = Simulation(router=RouterSettings(threshold=100), prefill=[prefill], decode=[instance("d", "decode")],
+                         overheads=ServingOverheads(sender_step_bytes=sender_step_bytes))
+        return prefill, sim.run(arrivals)
+
+    _, (alone, _) = run(None)
+    assert alone.transfer_end - alone.transfer_queued == pytest.approx(transfer.transfer_time(500))
+    prefill, (gated, second) = run(200e3)
+    assert second.prefill_start == pytest.approx(gated.prefill_end)  # the prefill instance stays busy
+    assert gated.transfer_queued == pytest.approx(gated.prefill_end)  # the decode instance was idle: posted at once
+    ends = [t for t in prefill.step_ends if t > gated.transfer_queued]
+    assert gated.transfer_end == pytest.approx(ends[2])
+    # beside an idle sender again (after the second prompt), the rest runs at the link's speed
+    assert second.transfer_end - second.transfer_queued == pytest.approx(transfer.transfer_time(2000))
+
+
+def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefill_leaves_budget() -> None:
+    """The decode instance prefills a 390-token prompt of its own in 64-token chunks when a disaggregated request
+    reaches it: the request waits in the same queue (vLLM schedules running requests first, and a chunk that fills
+    the budget holds back everything behind it), posts its read at the first step with budget left, and joins the
+    batch only after the step in which its KV arrived; its first token comes at the end of the step it joins."""
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    prefill = instance("p", "prefill", link=Link(transfer))
+    decode = instance("d", "decode", budget=64)
+    sim = Simulation(router=RouterSettings(threshold=400), prefill=[prefill], decode=[decode])
+    own, remote = sim.run([Arrival(at_s=0.0, prompt_tokens=390, output_tokens=20, cls="short"),
+                           Arrival(at_s=0.0, prompt_tokens=400, output_tokens=2, cls="long")])
+    assert (own.path, remote.path) == ("direct", "disaggregated")
+    ends = decode.step_ends
+    assert ends[0] == pytest.approx(COST.step_time(64, chunk_attention(64, 0), 0, 0))
+    assert ends[4] < remote.prefill_end < ends[5]  # handed over during the sixth full chunk
+    assert ends[6] - ends[5] == pytest.approx(COST.step_time(6, chunk_attention(6, 384), 0, 0))  # the last chunk
+    assert remote.transfer_queued == pytest.approx(ends[5])  # the first step that leaves budget
+    assert remote.transfer_end < ends[6]
+    assert token_times(remote)[0] == pytest.approx(ends[7])  # arrived during step 7, joined step 8
+    assert token_times(own)[0] == pytest.approx(ends[6])
+
+
 def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> None:
     jitter = (-0.002, 0.0, 0.002)  # uniform between -2 and +2 ms: mean 0
     offsets = ServingOverheads(step_jitter_s=jitter).step_jitters(seed=3)
@@ -84,10 +133,11 @@ def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> 
 def test_a_profile_with_step_variation_as_a_factor_is_refused_with_what_to_do() -> None:
     with pytest.raises(ValueError, match="re-fit it with `pdlab sim calibrate --from-runs"):
         ServingOverheads.from_json({"request_ms": 3.0, "step_quantiles": [0.5, 1.0, 1.5]})
-    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002))
+    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002), sender_step_bytes=2.5e6)
     again = ServingOverheads.from_json(round_trip.to_json())
-    assert (again.request_s, again.handoff_s) == pytest.approx((0.003, 0.004))
+    assert (again.request_s, again.handoff_s, again.sender_step_bytes) == pytest.approx((0.003, 0.004, 2.5e6))
     assert again.step_jitter_s == pytest.approx(round_trip.step_jitter_s)
+    assert ServingOverheads.from_json({}).sender_step_bytes is None  # transfers not gated unless a profile says so
 
 
 def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:

@@ -143,7 +143,8 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
 
     truth = write_profile(tmp_path / "truth.json", TRUTH)
     profile = json.loads(truth.read_text())
-    profile["overheads"] = {"request_ms": 12.0, "handoff_ms": 6.0}
+    # As on pdlab's CPU tier (and as the fit assumes): a KV read advances only between a busy sender's steps.
+    profile["overheads"] = {"request_ms": 12.0, "handoff_ms": 6.0, "sender_step_mb": 4.0}
     truth.write_text(json.dumps(profile))
     runs = [write_run_with_overheads(tmp_path / "calib-colocated", truth, {"colocated": 1}, calibration_requests()),
             write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},

@@ -151,8 +151,8 @@ _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 5e-3, 5e-3)
 
 def measured_link_gbps(run_dirs: list) -> float | None:
     """KV transfer throughput the runs' decode instances reported (`kv.json`, from vLLM's NIXL metrics), in Gbit/s:
-    on a loaded CPU it is far below what an idle loopback carries, since transfers progress in the gaps the engine
-    leaves."""
+    on a loaded CPU it is far below what an idle loopback carries, since a read advances only between the prefill
+    instance's steps (`ServingOverheads.sender_step_bytes`)."""
     import json
     from pathlib import Path
 
@@ -164,6 +164,37 @@ def measured_link_gbps(run_dirs: list) -> float | None:
             moved += float(kv.get("bytes") or 0)
             seconds += float(kv.get("xfer_seconds") or 0)
     return moved * 8 / seconds / 1e9 if moved and seconds else None
+
+
+#: Where the search starts the bytes a KV read advances per step of a busy prefill instance.
+_SENDER_STEP_START_BYTES = 8e6
+
+
+def measured_transfer_s(run_dir) -> float | None:  # type: ignore[no-untyped-def]
+    """A run's mean KV transfer time as its decode instances' vLLM measured it (`kv.json`), if it moved any."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / "kv.json"
+    if not path.exists():
+        return None
+    kv = json.loads(path.read_text())
+    return float(kv["xfer_seconds"]) / float(kv["transfers"]) if kv.get("transfers") and kv.get("xfer_seconds") \
+        else None
+
+
+def simulated_transfer_s(sim) -> float | None:  # type: ignore[no-untyped-def]
+    """The simulation's mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
+    import math
+
+    times = [r.transfer_end - r.transfer_queued for r in sim.requests if not math.isnan(r.transfer_end)]
+    return sum(times) / len(times) if times else None
+
+
+def _relative(measured: float, simulated: float | None) -> dict:
+    simulated = simulated if simulated is not None else 0.0
+    return {"measured": measured, "simulated": max(simulated, 1e-9),
+            "error_pct": abs(simulated - measured) / measured * 100}
 
 
 #: Nelder-Mead restarts from its own result: each restart rebuilds the simplex, which gets it out of the flat spots
@@ -211,6 +242,7 @@ def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int
 
 def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 3000,
                 prefill_probe: list[tuple[int, float]] | None = None, probe_source: str | None = None,
+                sender_gated: bool = True,
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
     the simulator reproduces their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean absolute log error
@@ -220,6 +252,9 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
+    With `sender_gated` (as on pdlab's CPU tier) a KV read advances only between the prefill instance's steps
+    while it computes (`ServingOverheads.sender_step_bytes`, fitted), and each run's mean KV transfer time as
+    vLLM measured it (`kv.json`) joins the errors.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
@@ -243,7 +278,9 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     jitter = step_jitter([r.rows for r in replays])
     prepared = [prepare(r.spec) for r in replays]
     link = prepared[0].link
-    link_start = measured_link_gbps(run_dirs) or link.bandwidth_gbps
+    # The catalog's figure (an idle loopback), not kv.json's: measured throughput includes the waits for the
+    # sender's steps, which the simulator now models itself.
+    link_start = link.bandwidth_gbps
     ttft_floor = min(m["ttft_ms"]["p50"] for r in replays for m in r.measured.values()
                      if m["ttft_ms"]["p50"]) / 1e3
     longest = max(row.prompt_tokens for r in replays for row in r.rows)
@@ -251,26 +288,25 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:5])), ServingOverheads(  # type: ignore[arg-type]
-            float(values[5]), float(values[6]), jitter), float(values[7])
+            float(values[5]), float(values[6]), jitter, float(values[8]) if sender_gated else None), float(values[7])
+
+    transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 
     def errors(x: np.ndarray) -> list[dict]:
         cost, overheads, gbps = unpack(x)
         fitted_link = link.model_copy(update={"bandwidth_gbps": gbps})
         out = []
-        for replay, ready in zip(replays, prepared, strict=True):
-            simulated, _ = simulate(replay.spec, requests=replay.arrivals,
-                                    prepared=replace(ready, cost=cost, overheads=overheads, link=fitted_link))
+        for replay, ready, measured_s in zip(replays, prepared, transfers, strict=True):
+            simulated, sim = simulate(replay.spec, requests=replay.arrivals,
+                                      prepared=replace(ready, cost=cost, overheads=overheads, link=fitted_link))
             out += list(compare(replay.measured, simulated).values())
+            if measured_s:
+                out.append(_relative(measured_s, simulated_transfer_s(sim)))
         return out
 
     def probe_errors(x: np.ndarray) -> list[dict]:
         cost, overheads, _ = unpack(x)
-        out = []
-        for tokens, seconds in prefill_probe or ():
-            predicted = probe_ttft(cost, overheads, tokens)
-            out.append({"measured": seconds, "simulated": predicted,
-                        "error_pct": abs(predicted - seconds) / seconds * 100})
-        return out
+        return [_relative(seconds, probe_ttft(cost, overheads, tokens)) for tokens, seconds in prefill_probe or ()]
 
     evaluations = 0
 
@@ -287,7 +323,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     screen = max(max_evaluations // (2 * len(starts)), 10)
     best = None
     for values in starts:
-        result = minimize(objective, np.log([*values, link_start]), method="Nelder-Mead",
+        result = minimize(objective, np.log([*values, link_start, _SENDER_STEP_START_BYTES]), method="Nelder-Mead",
                           options={"maxfev": screen, "xatol": 1e-3, "fatol": 1e-6, "adaptive": True})
         if best is None or result.fun < best.fun:
             best = result
@@ -312,9 +348,11 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         "overheads": overheads.to_json(),
         "link": {"name": replays[0].spec.link.name, "bandwidth_gbps": gbps,
                  "measured_gbps": measured_link_gbps(run_dirs),
-                 "source": "fitted with the costs, from the runs' measured KV transfer throughput (kv.json)"},
+                 "source": "fitted with the costs: the link's speed beside an idle prefill instance"},
         "fit_error_pct": {"mean": float(np.mean(final)), "max": float(np.max(final)),
-                          "of": "p50/p99 TTFT and ITL per class, simulated vs measured, on the calibration runs"},
+                          "of": "p50/p99 TTFT and ITL per class"
+                                + (" and mean KV transfer time per run" if any(transfers) else "")
+                                + ", simulated vs measured, on the calibration runs"},
         **({"prefill_probe": {"source": probe_source, "points": [list(p) for p in prefill_probe],
                               "error_pct": {"mean": float(np.mean(probed)), "max": float(np.max(probed))}}}
            if prefill_probe else {}),

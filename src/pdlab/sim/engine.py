@@ -42,6 +42,8 @@ class SimRequest:
     decode_instance: str | None = None
     prefill_start: float = math.nan
     prefill_end: float = math.nan
+    transfer_queued: float = math.nan
+    """When the decode instance posted the KV read (what NIXL's transfer time counts from)."""
     transfer_start: float = math.nan
     transfer_end: float = math.nan
     prefill_host: Instance | None = None
@@ -79,11 +81,10 @@ class Instance:
     in_flight: int = 0
     """Requests the router has in flight here (its ReplicaState view)."""
     prefill_queue: deque = field(default_factory=deque)
-    """Requests waiting for or in prefill, FCFS."""
-    pending_joins: list = field(default_factory=list)
-    """Transferred requests that join the decode batch at the next step."""
-    remote_waiting: deque = field(default_factory=deque)
-    """Disaggregated requests waiting for KV space before their transfer can start."""
+    """Requests waiting for or in prefill, FCFS; on a decode instance also disaggregated requests waiting to post
+    their KV read (vLLM keeps both in one waiting queue)."""
+    pending_joins: deque = field(default_factory=deque)
+    """Transferred requests whose KV has arrived, waiting for a token of the step budget to join the batch."""
     running: int = 0
     context: int = 0
     prefilling: int = 0
@@ -95,6 +96,12 @@ class Instance:
     step_ends: list = field(default_factory=list)
     idle: simpy.Event | None = None
     """While the instance has nothing to do: the event that wakes it."""
+    busy: bool = False
+    """Computing a step."""
+    step_done: simpy.Event | None = None
+    """Fired when the step being computed ends, for whoever waits on it; made on demand."""
+    work_again: simpy.Event | None = None
+    """Fired when the idle instance starts a step again, for whoever waits on it; made on demand."""
     _ends: np.ndarray | None = field(default=None, repr=False)
 
     def step_end_array(self) -> np.ndarray:
@@ -105,7 +112,7 @@ class Instance:
 
     def state(self) -> ReplicaState:
         return ReplicaState(url=self.name, in_flight=self.in_flight, running=self.running + self.prefilling,
-                            waiting=len(self.prefill_queue) - self.prefilling + len(self.remote_waiting))
+                            waiting=len(self.prefill_queue) - self.prefilling)
 
     def reserve_for(self, request: SimRequest) -> int:
         """KV tokens to hold: the prompt on a prefill instance, the whole sequence elsewhere."""
@@ -170,7 +177,15 @@ class Simulation:
                 inst.idle = None
                 continue
             chunks, duration = step
+            inst.busy = True
+            if inst.work_again is not None:
+                inst.work_again.succeed()
+                inst.work_again = None
             yield env.timeout(max(duration + next(self._step_jitters), 0.0))
+            inst.busy = False
+            if inst.step_done is not None:
+                inst.step_done.succeed()
+                inst.step_done = None
             self._end_step(inst, chunks)
 
     # -- router -------------------------------------------------------------------------------------------------
@@ -204,43 +219,77 @@ class Simulation:
         self._wake(target)
 
     # -- instances ----------------------------------------------------------------------------------------------
+    def _step_end(self, inst: Instance) -> simpy.Event:
+        """An event fired when `inst`'s current step ends (call only while it is busy)."""
+        if inst.step_done is None:
+            inst.step_done = self.env.event()
+        return inst.step_done
+
+    def _next_step(self, inst: Instance) -> simpy.Event:
+        """An event fired when `inst` next starts a step (call only while it is idle)."""
+        if inst.work_again is None:
+            inst.work_again = self.env.event()
+        return inst.work_again
+
     @staticmethod
     def _wake(inst: Instance) -> None:
         if inst.idle is not None and not inst.idle.triggered:
             inst.idle.succeed()
 
     def _plan_step(self, inst: Instance) -> tuple[list, float] | None:
-        """What the next step computes and how long it takes; None when there is nothing to do."""
-        for request in inst.pending_joins:  # transferred KV: decode from this step on, first token at its end
+        """What the next step computes and how long it takes; None when there is nothing to do.
+
+        In vLLM's order: running decodes, then prefills already under way (FCFS chunks), then requests whose KV
+        has arrived (one token each: the prompt's last token is computed again), then the waiting queue, FCFS: a
+        prompt starts its prefill, a disaggregated request gets its KV space and posts its read (taking no budget).
+        Each stage needs budget left, so a prefill that fills the budget holds back everything behind it."""
+        budget = inst.budget - inst.running
+        chunks = []
+        prefill_tokens = 0
+        attention = 0.0
+        queue = inst.prefill_queue
+        started = 0  # requests of the queue's head whose prefill is under way
+        while started < len(queue) and budget > 0 and queue[started].reserved and queue[started].prefill_host is None:
+            request = queue[started]
+            chunk = min(request.arrival.prompt_tokens - request.computed, budget)
+            chunks.append((request, chunk))
+            prefill_tokens += chunk
+            attention += chunk_attention(chunk, request.computed)
+            budget -= chunk
+            started += 1
+        while inst.pending_joins and budget > 0:  # transferred KV: decodes from this step on, first token at its end
+            request = inst.pending_joins.popleft()
             request.token_instance = inst
             request.first_step = inst.step
             inst.incoming -= 1
             inst.running += 1
             inst.context += request.arrival.prompt_tokens
             inst.finish_at.setdefault(inst.step + request.arrival.output_tokens - 1, []).append(request)
-        inst.pending_joins.clear()
-        decode_seqs = inst.running
-        budget = inst.budget - decode_seqs
-        chunks = []
-        prefill_tokens = 0
-        attention = 0.0
-        for request in inst.prefill_queue:
-            if budget <= 0:
-                break
-            if not request.reserved:
-                need = inst.reserve_for(request)
-                if inst.kv_used + need > inst.kv_capacity or \
-                        inst.running + inst.prefilling + inst.incoming >= inst.max_seqs:
-                    break  # FCFS: the head waits for space, the rest wait behind it
-                request.reserved = need
-                inst.kv_used += need
-                inst.prefilling += 1
-                request.prefill_start = self.now
+            budget -= 1
+        while started < len(queue) and budget > 0:
+            request = queue[started]
+            need = inst.reserve_for(request)
+            if inst.kv_used + need > inst.kv_capacity or \
+                    inst.running + inst.prefilling + inst.incoming >= inst.max_seqs:
+                break  # FCFS: the head waits for space, the rest wait behind it
+            inst.kv_used += need
+            if request.prefill_host is not None:  # disaggregated: post the KV read
+                del queue[started]
+                inst.incoming += 1
+                request.decode_reserved = need
+                request.decode_host = inst
+                self.env.process(self._transfer(request))
+                continue
+            request.reserved = need
+            inst.prefilling += 1
+            request.prefill_start = self.now
             chunk = min(request.arrival.prompt_tokens - request.computed, budget)
             chunks.append((request, chunk))
             prefill_tokens += chunk
             attention += chunk_attention(chunk, request.computed)
             budget -= chunk
+            started += 1
+        decode_seqs = inst.running
         if not chunks and not decode_seqs:
             return None
         return chunks, inst.cost.step_time(prefill_tokens, attention, decode_seqs, inst.context)
@@ -271,7 +320,6 @@ class Simulation:
         for request in inst.finish_at.pop(inst.step, ()):
             self._finish(inst, request, now, decoding=True)
         inst.step += 1
-        self._admit_remote(inst)
 
     def _finish(self, inst: Instance, request: SimRequest, now: float, decoding: bool) -> None:
         if decoding:
@@ -300,36 +348,48 @@ class Simulation:
         self.decisions.append((request.id, request.path, request.prefill_instance, decode.name))
         decode.in_flight += 1
         request.prefill_host = prefill
-        decode.remote_waiting.append(request)
-        self._admit_remote(decode)
+        # It waits in the decode instance's queue with its prompts; vLLM's scheduler gives it KV space, and the
+        # connector posts its read, between steps (`_plan_step`).
+        decode.prefill_queue.append(request)
+        self._wake(decode)
 
-    def _admit_remote(self, decode: Instance) -> None:
-        """Decode instances pull KV once they have room for the whole sequence (vLLM's NixlConnector is pull)."""
-        while decode.remote_waiting:
-            request = decode.remote_waiting[0]
-            need = decode.reserve_for(request)
-            if decode.kv_used + need > decode.kv_capacity or \
-                    decode.running + decode.prefilling + decode.incoming >= decode.max_seqs:
+    def _read_from(self, prefill: Instance, alone_s: float, per_step_s: float):
+        """A read that takes `alone_s` beside an idle prefill instance; while the instance computes, it advances
+        only at its step ends, by `per_step_s` of wire time each (`ServingOverheads.sender_step_bytes`)."""
+        env = self.env
+        remaining = alone_s
+        while remaining > 0:
+            if prefill.busy:
+                yield self._step_end(prefill)
+                remaining -= per_step_s
+                continue
+            began = env.now
+            done = env.timeout(remaining)
+            fired = yield done | self._next_step(prefill)
+            if done in fired:
                 return
-            decode.remote_waiting.popleft()
-            decode.kv_used += need
-            decode.incoming += 1
-            request.decode_reserved = need
-            request.decode_host = decode
-            self.env.process(self._transfer(request))
+            remaining -= env.now - began
 
     def _transfer(self, request: SimRequest):
         """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
         prefill, decode = request.prefill_host, request.decode_host
         link = prefill.link
+        request.transfer_queued = self.now
         with link.lanes.request() as lane:
             yield lane
             request.transfer_start = self.now
-            yield self.env.timeout(link.cost.transfer_time(request.arrival.prompt_tokens,
-                                                           request.prefill_end - request.prefill_start))
+            alone_s = link.cost.transfer_time(request.arrival.prompt_tokens,
+                                              request.prefill_end - request.prefill_start)
+            per_step = self.overheads.sender_step_bytes
+            if per_step is None:
+                yield self.env.timeout(alone_s)
+            else:
+                yield from self._read_from(prefill, alone_s, per_step / link.cost.lane_bytes_per_s)
         request.transfer_end = self.now
         prefill.kv_used -= request.reserved
         request.reserved = request.decode_reserved
+        # Joins at the next step it plans: the connector reports finished reads at the end of a step (vLLM's
+        # get_finished), so a read that completes while the decode instance computes waits for that step.
         decode.pending_joins.append(request)
         self._wake(decode)
         self._wake(prefill)  # freed KV may admit a waiting prefill
