@@ -60,30 +60,33 @@ def test_serving_overheads_delay_the_request_and_the_hand_off_by_exactly_their_a
     assert first_token(ServingOverheads(request_s=0.02, handoff_s=0.005)) == pytest.approx(plain + 0.025)
 
 
-def test_a_kv_read_beside_a_busy_prefill_instance_advances_only_at_its_step_ends() -> None:
-    """Two prompts back to back on one prefill instance: the first one's 500 kB read is posted while the second
-    one is prefilled in 512-token steps. Beside an idle sender it would take its wire time; gated by the sender
-    at 200 kB per step end it needs three of the second prompt's step ends."""
+def test_a_kv_read_beside_a_busy_prefill_instance_waits_for_its_step_to_end() -> None:
+    """Two prompts back to back on one prefill instance: the first one's read is posted while the second one is
+    prefilled in 512-token steps. With `transfer_waits_for_sender` it starts when that step ends, then takes its
+    wire time; without, it starts at once. A read beside an idle sender starts at once either way."""
     catalog = load_catalog()
     transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
     arrivals = [Arrival(at_s=1.0, prompt_tokens=500, output_tokens=2, cls="long"),
                 Arrival(at_s=1.1, prompt_tokens=2000, output_tokens=2, cls="long")]
 
-    def run(sender_step_bytes: float | None):  # type: ignore[no-untyped-def]
+    def run(waits: bool):  # type: ignore[no-untyped-def]
         prefill = instance("p", "prefill", budget=512, link=Link(transfer))
         sim = Simulation(router=RouterSettings(threshold=100), prefill=[prefill], decode=[instance("d", "decode")],
-                         overheads=ServingOverheads(sender_step_bytes=sender_step_bytes))
+                         overheads=ServingOverheads(transfer_waits_for_sender=waits))
         return prefill, sim.run(arrivals)
 
-    _, (alone, _) = run(None)
+    _, (alone, _) = run(False)
+    assert alone.transfer_start == pytest.approx(alone.transfer_queued)
     assert alone.transfer_end - alone.transfer_queued == pytest.approx(transfer.transfer_time(500))
-    prefill, (gated, second) = run(200e3)
+    prefill, (gated, second) = run(True)
     assert second.prefill_start == pytest.approx(gated.prefill_end)  # the prefill instance stays busy
     assert gated.transfer_queued == pytest.approx(gated.prefill_end)  # the decode instance was idle: posted at once
-    ends = [t for t in prefill.step_ends if t > gated.transfer_queued]
-    assert gated.transfer_end == pytest.approx(ends[2])
-    # beside an idle sender again (after the second prompt), the rest runs at the link's speed
-    assert second.transfer_end - second.transfer_queued == pytest.approx(transfer.transfer_time(2000))
+    first_chunk_end = next(t for t in prefill.step_ends if t > gated.transfer_queued)
+    assert first_chunk_end - gated.prefill_end == pytest.approx(COST.step_time(512, chunk_attention(512, 0), 0, 0))
+    assert gated.transfer_start == pytest.approx(first_chunk_end)
+    assert gated.transfer_end - gated.transfer_start == pytest.approx(transfer.transfer_time(500))
+    # the second prompt's read comes after its last step: the sender is idle, so it starts at once
+    assert second.transfer_start == pytest.approx(second.transfer_queued)
 
 
 def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefill_leaves_budget() -> None:
@@ -133,11 +136,11 @@ def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> 
 def test_a_profile_with_step_variation_as_a_factor_is_refused_with_what_to_do() -> None:
     with pytest.raises(ValueError, match="re-fit it with `pdlab sim calibrate --from-runs"):
         ServingOverheads.from_json({"request_ms": 3.0, "step_quantiles": [0.5, 1.0, 1.5]})
-    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002), sender_step_bytes=2.5e6)
+    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002), transfer_waits_for_sender=True)
     again = ServingOverheads.from_json(round_trip.to_json())
-    assert (again.request_s, again.handoff_s, again.sender_step_bytes) == pytest.approx((0.003, 0.004, 2.5e6))
-    assert again.step_jitter_s == pytest.approx(round_trip.step_jitter_s)
-    assert ServingOverheads.from_json({}).sender_step_bytes is None  # transfers not gated unless a profile says so
+    assert (again.request_s, again.handoff_s) == pytest.approx((0.003, 0.004))
+    assert again.step_jitter_s == pytest.approx(round_trip.step_jitter_s) and again.transfer_waits_for_sender
+    assert not ServingOverheads.from_json({}).transfer_waits_for_sender  # not unless a profile says so
 
 
 def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:

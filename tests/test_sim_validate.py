@@ -143,8 +143,8 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
 
     truth = write_profile(tmp_path / "truth.json", TRUTH)
     profile = json.loads(truth.read_text())
-    # As on pdlab's CPU tier (and as the fit assumes): a KV read advances only between a busy sender's steps.
-    profile["overheads"] = {"request_ms": 12.0, "handoff_ms": 6.0, "sender_step_mb": 4.0}
+    # As on pdlab's CPU tier (and as the fit assumes): a KV read waits for a busy sender's step to end.
+    profile["overheads"] = {"request_ms": 12.0, "handoff_ms": 6.0, "transfer_waits_for_sender": True}
     truth.write_text(json.dumps(profile))
     runs = [write_run_with_overheads(tmp_path / "calib-colocated", truth, {"colocated": 1}, calibration_requests()),
             write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
@@ -200,6 +200,7 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
     seeded). A change to the simulator that moves them must re-record the validation (`pdlab sim validate`)."""
     from pdlab.settings import data_dir
     from pdlab.sim.scenario import resolve_profile
+    from pdlab.sim.validate import measured_transfer_s
 
     recorded = json.loads(sorted((data_dir() / "results" / "sim-validation").glob("*.json"))[-1].read_text())
     root = data_dir().parent
@@ -212,7 +213,11 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
         for key, e in old["errors"].items():
             assert new["errors"][key]["simulated"] == pytest.approx(e["simulated"], rel=1e-6), (old["run"], key)
             assert new["errors"][key]["measured"] == pytest.approx(e["measured"], rel=1e-9), (old["run"], key)
+        assert new.get("kv_transfer_ms") == pytest.approx(old.get("kv_transfer_ms")), old["run"]
     assert again["max_error_pct"] == pytest.approx(recorded["max_error_pct"], rel=1e-6)
+    # every run that moved KV has the simulator's transfers beside vLLM's, counted the same way
+    moved = [r for r in again["runs"] if measured_transfer_s(Path(r["run"]))]
+    assert moved and all(r["kv_transfer_ms"]["simulated"] > 0 for r in moved)
 
 
 def test_the_prefill_probe_is_predicted_as_one_request_chunked_by_the_token_budget() -> None:

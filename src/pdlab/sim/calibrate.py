@@ -152,7 +152,7 @@ _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 5e-3, 5e-3)
 def measured_link_gbps(run_dirs: list) -> float | None:
     """KV transfer throughput the runs' decode instances reported (`kv.json`, from vLLM's NIXL metrics), in Gbit/s:
     on a loaded CPU it is far below what an idle loopback carries, since a read advances only between the prefill
-    instance's steps (`ServingOverheads.sender_step_bytes`)."""
+    instance's steps (`ServingOverheads.transfer_waits_for_sender`)."""
     import json
     from pathlib import Path
 
@@ -164,31 +164,6 @@ def measured_link_gbps(run_dirs: list) -> float | None:
             moved += float(kv.get("bytes") or 0)
             seconds += float(kv.get("xfer_seconds") or 0)
     return moved * 8 / seconds / 1e9 if moved and seconds else None
-
-
-#: Where the search starts the bytes a KV read advances per step of a busy prefill instance.
-_SENDER_STEP_START_BYTES = 8e6
-
-
-def measured_transfer_s(run_dir) -> float | None:  # type: ignore[no-untyped-def]
-    """A run's mean KV transfer time as its decode instances' vLLM measured it (`kv.json`), if it moved any."""
-    import json
-    from pathlib import Path
-
-    path = Path(run_dir) / "kv.json"
-    if not path.exists():
-        return None
-    kv = json.loads(path.read_text())
-    return float(kv["xfer_seconds"]) / float(kv["transfers"]) if kv.get("transfers") and kv.get("xfer_seconds") \
-        else None
-
-
-def simulated_transfer_s(sim) -> float | None:  # type: ignore[no-untyped-def]
-    """The simulation's mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
-    import math
-
-    times = [r.transfer_end - r.transfer_queued for r in sim.requests if not math.isnan(r.transfer_end)]
-    return sum(times) / len(times) if times else None
 
 
 def _relative(measured: float, simulated: float | None) -> dict:
@@ -252,9 +227,9 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
-    With `sender_gated` (as on pdlab's CPU tier) a KV read advances only between the prefill instance's steps
-    while it computes (`ServingOverheads.sender_step_bytes`, fitted), and each run's mean KV transfer time as
-    vLLM measured it (`kv.json`) joins the errors.
+    With `sender_gated` (as on pdlab's CPU tier, held, not fitted) a KV read posted while the prefill instance
+    computes waits for that step to end (`ServingOverheads.transfer_waits_for_sender`), and each run's mean KV
+    transfer time as vLLM measured it (`kv.json`) joins the errors.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
@@ -269,7 +244,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     from pdlab.environment import capture
     from pdlab.sim.costs import FEATURES, load_profile
     from pdlab.sim.scenario import prepare, resolve_profile, simulate
-    from pdlab.sim.validate import compare, replay_of
+    from pdlab.sim.validate import compare, measured_transfer_s, replay_of, simulated_transfer_s
 
     start_path = resolve_profile(Path(start or DEFAULT_START_PROFILE))
     start_cost, start_profile = load_profile(start_path)
@@ -288,7 +263,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:5])), ServingOverheads(  # type: ignore[arg-type]
-            float(values[5]), float(values[6]), jitter, float(values[8]) if sender_gated else None), float(values[7])
+            float(values[5]), float(values[6]), jitter, sender_gated), float(values[7])
 
     transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 
@@ -323,7 +298,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     screen = max(max_evaluations // (2 * len(starts)), 10)
     best = None
     for values in starts:
-        result = minimize(objective, np.log([*values, link_start, _SENDER_STEP_START_BYTES]), method="Nelder-Mead",
+        result = minimize(objective, np.log([*values, link_start]), method="Nelder-Mead",
                           options={"maxfev": screen, "xatol": 1e-3, "fatol": 1e-6, "adaptive": True})
         if best is None or result.fun < best.fun:
             best = result

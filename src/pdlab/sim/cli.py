@@ -194,6 +194,9 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                 cells += [_fmt(e.get("repeat_measured")), _fmt(e.get("run_to_run_pct"))]
             table.add_row(*cells)
         console.print(table)
+        if kv := run_result.get("kv_transfer_ms"):
+            console.print(f"mean KV transfer: measured {_fmt(kv['measured'])} ms (vLLM's NIXL metrics), simulated "
+                          f"{_fmt(kv['simulated'])} ms")
     console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%), median "
                   f"{_fmt(result['median_error_pct'])}%, {result['within_goal']}/{result['metrics']} metrics within "
                   "the goal")

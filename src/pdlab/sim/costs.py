@@ -161,19 +161,19 @@ class ServingOverheads:
       collector add or take a few milliseconds around a step, which is what sets the p99 of inter-token latency.
       Additive, not a factor: a 1-second prefill step is not stretched by half because 10 ms decode steps vary by
       half. Empty: no variation;
-    - `sender_step_bytes`: while the prefill instance a KV read comes from is computing, the read advances only at
-      that instance's step ends, by this many bytes each; beside an idle instance it runs at the link's speed.
-      On a CPU server the sending side of a transfer is served by threads that share the engine's core (NIXL's
-      progress thread at idle priority, and the engine itself between steps). Measured on the local tier (1P1D,
-      a 3,000-token prompt's 50 MB of KV, `pdlab bench transfer`): 6-9 ms beside an idle prefill instance,
-      34-782 ms while it prefilled another prompt in 2,048-token steps. None: transfers do not depend on the
-      sender's engine (one-sided RDMA on GPUs).
-    Zero (and None) for roofline (GPU) costs, which describe the engine alone."""
+    - `transfer_waits_for_sender`: a KV read posted while the prefill instance it reads from is computing a step
+      starts when that step ends (beside an idle instance, at once), then runs at the link's speed. On a CPU
+      server the sending side of a transfer is served by threads that share the engine's core (NIXL's progress
+      thread at idle priority, and the engine itself between steps). Measured on the local tier (1P1D, a
+      3,000-token prompt's 50 MB of KV, `pdlab bench transfer`, data/results/transfer/): 6 ms beside an idle
+      prefill instance, 0.3-1.0 s (median 0.86) while it prefilled another prompt in 2,048-token steps of ~0.9 s.
+      False: transfers do not depend on the sender's engine (one-sided RDMA on GPUs).
+    Zero (and False) for roofline (GPU) costs, which describe the engine alone."""
 
     request_s: float = 0.0
     handoff_s: float = 0.0
     step_jitter_s: tuple[float, ...] = ()
-    sender_step_bytes: float | None = None
+    transfer_waits_for_sender: bool = False
 
     def step_jitters(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
         """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none)."""
@@ -188,7 +188,7 @@ class ServingOverheads:
     def to_json(self) -> dict:
         return {"request_ms": self.request_s * 1e3, "handoff_ms": self.handoff_s * 1e3,
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
-                "sender_step_mb": None if self.sender_step_bytes is None else self.sender_step_bytes / 1e6}
+                "transfer_waits_for_sender": self.transfer_waits_for_sender}
 
     @classmethod
     def from_json(cls, data: dict | None) -> ServingOverheads:
@@ -196,11 +196,10 @@ class ServingOverheads:
         if "step_quantiles" in data:
             raise ValueError("this profile's overheads have `step_quantiles` (step variation as a factor, an "
                              "earlier pdlab); re-fit it with `pdlab sim calibrate --from-runs RUN_DIRS`")
-        sender_step_mb = data.get("sender_step_mb")
         return cls(request_s=float(data.get("request_ms", 0.0)) / 1e3,
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
-                   sender_step_bytes=None if sender_step_mb is None else float(sender_step_mb) * 1e6)
+                   transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)))
 
 
 def load_profile(path: str | Path) -> tuple[FittedCost, dict]:

@@ -7,7 +7,8 @@ expanded at the end.
 
 Modelled like vLLM's scheduler: decodes are scheduled first, prefill chunks (FCFS) fill what is left of the
 token budget; a request is admitted only when its whole sequence (prompt + output) fits in the instance's KV cache
-(so nothing is ever preempted); the router's threshold and replica choice are pdlab.router's own code.
+(so nothing is ever preempted); a disaggregated request waits in its decode instance's queue with that instance's
+own prompts before it posts its KV read; the router's threshold and replica choice are pdlab.router's own code.
 """
 
 from __future__ import annotations
@@ -100,8 +101,6 @@ class Instance:
     """Computing a step."""
     step_done: simpy.Event | None = None
     """Fired when the step being computed ends, for whoever waits on it; made on demand."""
-    work_again: simpy.Event | None = None
-    """Fired when the idle instance starts a step again, for whoever waits on it; made on demand."""
     _ends: np.ndarray | None = field(default=None, repr=False)
 
     def step_end_array(self) -> np.ndarray:
@@ -178,9 +177,6 @@ class Simulation:
                 continue
             chunks, duration = step
             inst.busy = True
-            if inst.work_again is not None:
-                inst.work_again.succeed()
-                inst.work_again = None
             yield env.timeout(max(duration + next(self._step_jitters), 0.0))
             inst.busy = False
             if inst.step_done is not None:
@@ -224,12 +220,6 @@ class Simulation:
         if inst.step_done is None:
             inst.step_done = self.env.event()
         return inst.step_done
-
-    def _next_step(self, inst: Instance) -> simpy.Event:
-        """An event fired when `inst` next starts a step (call only while it is idle)."""
-        if inst.work_again is None:
-            inst.work_again = self.env.event()
-        return inst.work_again
 
     @staticmethod
     def _wake(inst: Instance) -> None:
@@ -353,23 +343,6 @@ class Simulation:
         decode.prefill_queue.append(request)
         self._wake(decode)
 
-    def _read_from(self, prefill: Instance, alone_s: float, per_step_s: float):
-        """A read that takes `alone_s` beside an idle prefill instance; while the instance computes, it advances
-        only at its step ends, by `per_step_s` of wire time each (`ServingOverheads.sender_step_bytes`)."""
-        env = self.env
-        remaining = alone_s
-        while remaining > 0:
-            if prefill.busy:
-                yield self._step_end(prefill)
-                remaining -= per_step_s
-                continue
-            began = env.now
-            done = env.timeout(remaining)
-            fired = yield done | self._next_step(prefill)
-            if done in fired:
-                return
-            remaining -= env.now - began
-
     def _transfer(self, request: SimRequest):
         """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
         prefill, decode = request.prefill_host, request.decode_host
@@ -377,14 +350,11 @@ class Simulation:
         request.transfer_queued = self.now
         with link.lanes.request() as lane:
             yield lane
+            if self.overheads.transfer_waits_for_sender and prefill.busy:
+                yield self._step_end(prefill)
             request.transfer_start = self.now
-            alone_s = link.cost.transfer_time(request.arrival.prompt_tokens,
-                                              request.prefill_end - request.prefill_start)
-            per_step = self.overheads.sender_step_bytes
-            if per_step is None:
-                yield self.env.timeout(alone_s)
-            else:
-                yield from self._read_from(prefill, alone_s, per_step / link.cost.lane_bytes_per_s)
+            yield self.env.timeout(link.cost.transfer_time(request.arrival.prompt_tokens,
+                                                           request.prefill_end - request.prefill_start))
         request.transfer_end = self.now
         prefill.kv_used -= request.reserved
         request.reserved = request.decode_reserved

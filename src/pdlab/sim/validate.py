@@ -25,6 +25,7 @@ from pdlab.config.sim import SimSpec
 from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
 from pdlab.settings import DEFAULT_ROUTING_THRESHOLD, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
+from pdlab.sim.engine import Simulation
 from pdlab.sim.scenario import simulate
 from pdlab.sim.workload import Arrival
 
@@ -240,12 +241,34 @@ def compare(measured: dict, simulated: dict) -> dict:
     return errors
 
 
+def measured_transfer_s(run_dir: Path) -> float | None:
+    """A run's mean KV transfer time as its decode instances' vLLM measured it (`kv.json`), if it moved any."""
+    path = Path(run_dir) / "kv.json"
+    if not path.exists():
+        return None
+    kv = json.loads(path.read_text())
+    return float(kv["xfer_seconds"]) / float(kv["transfers"]) if kv.get("transfers") and kv.get("xfer_seconds") \
+        else None
+
+
+def simulated_transfer_s(sim: Simulation) -> float | None:
+    """The simulation's mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
+    times = [r.transfer_end - r.transfer_queued for r in sim.requests if not math.isnan(r.transfer_end)]
+    return sum(times) / len(times) if times else None
+
+
 def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+    """One run's p50/p99 TTFT and ITL per class, simulated vs measured; with the mean KV transfer time beside
+    them where the run recorded one (`kv_transfer_ms`, not counted among the metrics)."""
     replay = replay_of(run_dir, profile, model=model, shape=shape)
-    simulated, _ = simulate(replay.spec, requests=replay.arrivals)
+    simulated, sim = simulate(replay.spec, requests=replay.arrivals)
     errors = compare(replay.measured, simulated)
-    return {"run": str(run_dir), "shape": replay.shape.__dict__, "errors": errors,
-            "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
+    result = {"run": str(run_dir), "shape": replay.shape.__dict__, "errors": errors,
+              "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
+    measured_s, simulated_s = measured_transfer_s(run_dir), simulated_transfer_s(sim)
+    if measured_s and simulated_s is not None:
+        result["kv_transfer_ms"] = {"measured": measured_s * 1e3, "simulated": simulated_s * 1e3}
+    return result
 
 
 def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None,
