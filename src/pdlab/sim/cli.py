@@ -73,6 +73,10 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   prefill_probe: Path = typer.Option(None, "--prefill-probe", help="--from-runs: also fit to a "
                                                      "`pdlab bench prefill` result (single-request prefill times "
                                                      "on the real server)."),
+                  sender_gated: bool = typer.Option(True, help="--from-runs: KV reads wait for a busy prefill "
+                                                    "instance's step, as on pdlab's CPU tier (`pdlab bench "
+                                                    "transfer`); --no-sender-gated for runs whose transfers do "
+                                                    "not (RDMA)."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
@@ -96,6 +100,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
             with console.status(f"fitting {model} to {len(runs)} runs ...") as status:
                 profile = fit_to_runs(runs, model, start=start, max_evaluations=evaluations,
                                       prefill_probe=probe, probe_source=str(prefill_probe) if probe else None,
+                                      sender_gated=sender_gated,
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")
