@@ -38,11 +38,16 @@ def served_model(client: httpx.Client, url: str) -> str:
     return str(models[0]["id"])
 
 
+def random_prompt(rng: random.Random, tokens: int, vocab: int = 1000) -> list[int]:
+    """`tokens` token ids drawn below `vocab` (past the special ids): no two prompts share a prefix, so a server
+    with prefix caching on still prefills each one."""
+    return [rng.randrange(10, vocab) for _ in range(tokens)]
+
+
 def probe(url: str, lengths: Sequence[int] = DEFAULT_LENGTHS, *, repeats: int = 3, vocab: int = 1000,
           seed: int = 0, progress: bool = True, timeout_s: float = 300.0) -> list[dict[str, Any]]:
     """Time one `max_tokens=1` request per prompt length, `repeats` times each; returns one row per length with
-    every sample and the fastest (`ttft_s`). Token ids are drawn at random below `vocab` (no two prompts share a
-    prefix, so a server with prefix caching on still prefills each one)."""
+    every sample and the fastest (`ttft_s`). Prompts are `random_prompt`s."""
     rng = random.Random(seed)
     rows = []
     with httpx.Client(timeout=timeout_s) as client, Progress(disable=not progress, transient=True) as bar:
@@ -51,7 +56,7 @@ def probe(url: str, lengths: Sequence[int] = DEFAULT_LENGTHS, *, repeats: int = 
         for tokens in lengths:
             samples = []
             for _ in range(repeats):
-                prompt = [rng.randrange(10, vocab) for _ in range(tokens)]
+                prompt = random_prompt(rng, tokens, vocab)
                 began = time.perf_counter()
                 response = client.post(f"{url}/v1/completions",
                                        json={"model": model, "prompt": prompt, "max_tokens": 1, "stream": False})

@@ -28,7 +28,7 @@ import httpx
 from rich.progress import Progress
 
 from pdlab.benchmarks import results
-from pdlab.benchmarks.prefill import ProbeError, served_model
+from pdlab.benchmarks.prefill import ProbeError, random_prompt, served_model
 from pdlab.metrics.kv import scrape_kv_transfer
 
 CONDITIONS = ("idle", "prefill-busy", "decode-prefilling", "decode-streaming")
@@ -49,7 +49,7 @@ class _Trial:
         self.errors: list[str] = []
 
     def prompt(self, tokens: int) -> list[int]:
-        return [self.rng.randrange(10, self.vocab) for _ in range(tokens)]
+        return random_prompt(self.rng, tokens, self.vocab)
 
     def post(self, url: str, prompt: list[int], max_tokens: int) -> None:
         response = self.client.post(f"{url}/v1/completions", json={

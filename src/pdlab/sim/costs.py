@@ -223,12 +223,8 @@ class TransferCost:
     concurrency: int = 1
     layerwise_overlap: bool = False
 
-    @property
-    def lane_bytes_per_s(self) -> float:
-        return self.link.bytes_per_s / self.concurrency
-
     def transfer_time(self, tokens: int, prefill_s: float = 0.0) -> float:
-        wire = tokens * self.kv_bytes_per_token / self.lane_bytes_per_s
+        wire = tokens * self.kv_bytes_per_token / (self.link.bytes_per_s / self.concurrency)
         if self.layerwise_overlap:
             wire = max(wire - prefill_s * (self.num_layers - 1) / self.num_layers, wire / self.num_layers)
         return self.link.latency_us / 1e6 + wire

@@ -235,17 +235,12 @@ class Simulation:
         Each stage needs budget left, so a prefill that fills the budget holds back everything behind it."""
         budget = inst.budget - inst.running
         chunks = []
-        prefill_tokens = 0
-        attention = 0.0
         queue = inst.prefill_queue
         started = 0  # requests of the queue's head whose prefill is under way
         while started < len(queue) and budget > 0 and queue[started].reserved and queue[started].prefill_host is None:
             request = queue[started]
-            chunk = min(request.arrival.prompt_tokens - request.computed, budget)
-            chunks.append((request, chunk))
-            prefill_tokens += chunk
-            attention += chunk_attention(chunk, request.computed)
-            budget -= chunk
+            chunks.append((request, min(request.arrival.prompt_tokens - request.computed, budget)))
+            budget -= chunks[-1][1]
             started += 1
         while inst.pending_joins and budget > 0:  # transferred KV: decodes from this step on, first token at its end
             request = inst.pending_joins.popleft()
@@ -273,16 +268,14 @@ class Simulation:
             request.reserved = need
             inst.prefilling += 1
             request.prefill_start = self.now
-            chunk = min(request.arrival.prompt_tokens - request.computed, budget)
-            chunks.append((request, chunk))
-            prefill_tokens += chunk
-            attention += chunk_attention(chunk, request.computed)
-            budget -= chunk
+            chunks.append((request, min(request.arrival.prompt_tokens - request.computed, budget)))
+            budget -= chunks[-1][1]
             started += 1
-        decode_seqs = inst.running
-        if not chunks and not decode_seqs:
+        if not chunks and not inst.running:
             return None
-        return chunks, inst.cost.step_time(prefill_tokens, attention, decode_seqs, inst.context)
+        prefill_tokens = sum(chunk for _, chunk in chunks)
+        attention = sum(chunk_attention(chunk, request.computed) for request, chunk in chunks)
+        return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context)
 
     def _end_step(self, inst: Instance, chunks: list) -> None:
         now = self.now
