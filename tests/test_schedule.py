@@ -104,6 +104,20 @@ def test_trace_replay_scales_and_shares_prefixes(builder, tmp_path):
     assert len(third) == 300
 
 
+def test_trace_ties_are_spread_over_the_gap_to_the_next_timestamp_when_asked(builder, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    stamps = [0, 0, 0, 0, 3000, 6000, 6000]
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": 100 + i, "output_length": 4}) + "\n"
+                             for i, t in enumerate(stamps)))
+    as_recorded = build_schedule(parse_workload({"kind": "trace", "path": str(trace), "time_scale": 2}), builder)
+    assert [i.offset_s for i in as_recorded] == pytest.approx([0, 0, 0, 0, 6, 12, 12])
+    spread = build_schedule(parse_workload({"kind": "trace", "path": str(trace), "time_scale": 2,
+                                            "spread_ties": True}), builder)
+    # four requests over the 3 s (x2) gap, one alone, and the last pair over the median gap (3 s x2)
+    assert [i.offset_s for i in spread] == pytest.approx([0, 1.5, 3, 4.5, 6, 12, 15])
+    assert [i.prompt_tokens for i in spread] == [i.prompt_tokens for i in as_recorded]  # trace order kept
+
+
 def test_probe_only_workload(builder):
     items = build_schedule(parse_workload({"kind": "probe", "rate": 4, "duration_s": 2, "prompt_tokens": 12,
                                            "output_tokens": 3}), builder)

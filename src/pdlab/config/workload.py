@@ -98,6 +98,10 @@ class TraceWorkload(_WorkloadBase):
     """Cap on a scaled output length."""
     long_threshold_tokens: int = Field(default=DEFAULT_ROUTING_THRESHOLD, ge=2)
     """Prompts with at least this many tokens are class `long`, the others `short`."""
+    spread_ties: bool = False
+    """Spread requests that share a timestamp evenly, in trace order, over the gap to the next distinct timestamp.
+    Mooncake's conversation trace records arrivals in ~3 s steps (up to 28 requests share one instant); replayed
+    as recorded they arrive as one burst, and which of them a server takes first is chance, run to run."""
 
 
 class ProbeWorkload(_WorkloadBase):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -134,18 +136,34 @@ def read_trace(path: str | Path) -> list[dict]:
     return sorted(rows, key=lambda row: row["timestamp"])
 
 
+def _spread_ties(times: list[float]) -> list[float]:
+    """Sorted timestamps with each run of equal values spread evenly over the gap to the next distinct value (the
+    last run over the median gap between distinct values), keeping their order."""
+    distinct = sorted(set(times))
+    nxt = {a: b - a for a, b in zip(distinct, distinct[1:], strict=False)}
+    last_gap = statistics.median(nxt.values()) if nxt else 0.0
+    count = Counter(times)
+    seen: Counter[float] = Counter()
+    spread = []
+    for t in times:
+        spread.append(t + seen[t] * nxt.get(t, last_gap) / count[t])
+        seen[t] += 1
+    return spread
+
+
 def _trace(spec: TraceWorkload, builder: PromptBuilder) -> list[_Draft]:
     rows = read_trace(spec.path)
     if not rows:
         return []
     block = max(1, round(spec.block_tokens * spec.length_scale))
-    t0 = rows[0]["timestamp"]
+    times = _spread_ties([row["timestamp"] for row in rows]) if spec.spread_ties else [row["timestamp"] for row in rows]
+    t0 = times[0]
     overhead = builder.count("", spec.api)
     blocks: dict[tuple[int, int], str] = {}  # (hash id, tokens) -> text, so equal hash ids give equal text
     seen: set[tuple[tuple[int, int], ...]] = set()
     drafts = []
-    for i, row in enumerate(rows):
-        offset = (row["timestamp"] - t0) / 1000.0 * spec.time_scale
+    for i, (row, at_ms) in enumerate(zip(rows, times, strict=True)):
+        offset = (at_ms - t0) / 1000.0 * spec.time_scale
         if spec.num_requests is not None and len(drafts) >= spec.num_requests:
             break
         if spec.duration_s is not None and offset >= spec.duration_s:
