@@ -15,7 +15,7 @@ from pdlab.config.sim import SimSpec
 from pdlab.sim.costs import CalibrationPoint, FittedCost, fit_profile
 from pdlab.sim.scenario import simulate
 from pdlab.sim.summary import token_times
-from pdlab.sim.validate import RunDirError, read_run, validate_runs
+from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, sampling_intervals, validate_runs
 
 TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6))
 #: The engine settings the synthetic runs were simulated with (SimSpec's defaults), recorded in their summary.json
@@ -81,6 +81,35 @@ def test_wrong_costs_show_up_as_errors(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", truth, {"colocated": 1})
     result = validate_runs([run], slow, model="pdlab-small")
     assert result["max_error_pct"] > 50
+
+
+def test_sampling_intervals_resample_whole_requests() -> None:
+    def request(start: float, first: float, gap: float) -> MeasuredRequest:
+        return MeasuredRequest(start=start, cls="short", prompt_tokens=10, output_tokens=4,
+                               token_times=[start + first + gap * i for i in range(4)])
+
+    same = [request(i, 0.1, 0.02) for i in range(20)]
+    [interval] = [sampling_intervals(same)["short"]["ttft_ms"]["p50"]]
+    assert interval == pytest.approx([100, 100])  # every draw of identical requests gives the same percentile
+    # two kinds of stream: a draw's ITL p50 is 20 or 500 ms depending on which kind it drew more of, and a
+    # request's three gaps always come together (a gap-level draw could not give 20 and 500 this often)
+    mixed = [request(i, 0.1 * (1 + i), 0.02 if i % 2 else 0.5) for i in range(20)]
+    intervals = sampling_intervals(mixed)["short"]
+    assert intervals["itl_ms"]["p50"] == pytest.approx([20, 500])
+    assert 100 < intervals["ttft_ms"]["p50"][0] < 1050 < intervals["ttft_ms"]["p50"][1] < 2000
+    assert sampling_intervals(mixed)["short"] == intervals  # seeded
+
+
+def test_validation_says_whether_the_simulator_lies_within_the_measurements_sampling_interval(
+        tmp_path: Path) -> None:
+    truth = write_profile(tmp_path / "truth.json", TRUTH)
+    slow = write_profile(tmp_path / "slow.json", FittedCost(tuple(2 * c for c in TRUTH.coefficients)))
+    run = make_run(tmp_path / "run", truth, {"colocated": 1})
+    right, wrong = (validate_runs([run], profile, model="pdlab-small") for profile in (truth, slow))
+    assert right["sampling"]["simulator_within_ci"] == right["sampling"]["metrics"] == 8
+    assert wrong["sampling"]["simulator_within_ci"] < 8
+    e = right["runs"][0]["errors"]["long.ttft_ms.p50"]
+    assert e["measured_ci95"][0] <= e["measured"] <= e["measured_ci95"][1] and e["simulated_within_ci"]
 
 
 def test_cli_validate_prints_and_writes_json(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 app = typer.Typer(help="Simulate P/D serving at cluster scale.", no_args_is_help=True)
 console = Console()
@@ -29,6 +29,11 @@ def _load_spec(path: Path):
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:,.1f}"
+
+
+def _ms(value) -> str:
+    """Milliseconds, whole from 100 up (a table of seven columns fits 80 characters)."""
+    return "-" if value is None else f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
 @app.command("run")
@@ -189,14 +194,19 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     for run_result in result["runs"]:
-        columns = ["metric", "measured ms", "simulated ms", "error %"]
+        columns = [Column("metric", no_wrap=True), "measured", Column("95% interval", no_wrap=True), "simulated",
+                   "error %"]
         if "repeat" in run_result:
-            columns += ["other run ms", "run-to-run %"]
-        table = Table(*columns, title=f"simulator vs measured: {run_result['run']}")
+            columns += ["other run", "run to run %"]
+        table = Table(*columns, title=f"simulator vs measured (ms): {run_result['run']}", show_edge=False)
         for metric, e in run_result["errors"].items():
-            cells = [metric, _fmt(e["measured"]), _fmt(e["simulated"]), _fmt(e["error_pct"])]
+            interval = e.get("measured_ci95")
+            outside = "" if e.get("simulated_within_ci", True) else "*"
+            cells = [metric.replace("_ms", ""), _ms(e["measured"]),
+                     f"{_ms(interval[0])}-{_ms(interval[1])}" if interval else "", _ms(e["simulated"]) + outside,
+                     _fmt(e["error_pct"])]
             if "repeat" in run_result:
-                cells += [_fmt(e.get("repeat_measured")), _fmt(e.get("run_to_run_pct"))]
+                cells += [_ms(e.get("repeat_measured")), _fmt(e.get("run_to_run_pct"))]
             table.add_row(*cells)
         console.print(table)
         if kv := run_result.get("kv_transfer_ms"):
@@ -205,12 +215,17 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
     console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%), median "
                   f"{_fmt(result['median_error_pct'])}%, {result['within_goal']}/{result['metrics']} metrics within "
                   "the goal")
+    if sampling := result["sampling"]:
+        console.print(f"the simulator lies within the measured value's 95% interval (bootstrap over the run's "
+                      f"requests; * marks those outside) on {sampling['simulator_within_ci']}/{sampling['metrics']}; "
+                      f"those intervals span a median {_fmt(sampling['median_ci_width_pct'])}% of the value")
     if result["run_to_run"]:
         spread = result["run_to_run"]
         console.print(f"two real runs of the same load differ by median {_fmt(spread['median_pct'])}%, max "
                       f"{_fmt(spread['max_pct'])}% ({spread['within_goal']}/{spread['metrics']} within 10%); the "
                       f"simulator is within max(10%, that spread) on {spread['simulator_within_spread']}/"
-                      f"{spread['metrics']}")
+                      f"{spread['metrics']}; the other run lies within the first's 95% interval on "
+                      f"{spread['repeat_within_ci']}/{spread['metrics']}")
     from pdlab.environment import capture
 
     result["command"] = "pdlab sim validate " + " ".join(

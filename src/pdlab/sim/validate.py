@@ -191,6 +191,38 @@ def measured_metrics(rows: list[MeasuredRequest]) -> dict:
     return out
 
 
+SAMPLING_RESAMPLES = 1000
+"""Bootstrap resamples behind each measured metric's sampling interval."""
+
+
+def sampling_intervals(rows: list[MeasuredRequest], *, resamples: int = SAMPLING_RESAMPLES, seed: int = 0) -> dict:
+    """Per class, metric and percentile: the 95% interval of the measured value over bootstrap resamples of the
+    run's requests (drawn with replacement, a request with all its gaps, so one stream's correlated gaps move
+    together). A run has a few dozen requests: its p50 TTFT and p99 ITL are estimates, and this is how far another
+    draw of the same number of requests could put them. A p99 of a few dozen values is close to their maximum,
+    which a bootstrap can only bound by values it saw, so those intervals are on the narrow side."""
+    rng = np.random.default_rng(seed)
+    out: dict = {}
+    for cls in sorted({r.cls for r in rows}):
+        mine = [r for r in rows if r.cls == cls and r.token_times]
+        if not mine:
+            continue
+        ttft = np.array([(r.token_times[0] - r.start) * 1e3 for r in mine])
+        gaps = [np.diff(r.token_times) * 1e3 for r in mine]
+        draws = rng.integers(0, len(mine), size=(resamples, len(mine)))
+        ttfts = np.percentile(ttft[draws], [50, 99], axis=1)
+        itls = np.array([np.percentile(itl, [50, 99]) if (itl := np.concatenate([gaps[i] for i in draw])).size
+                         else (np.nan, np.nan) for draw in draws]).T
+        out[cls] = {metric: {pct: _interval(values[row]) for row, pct in enumerate(("p50", "p99"))}
+                    for metric, values in (("ttft_ms", ttfts), ("itl_ms", itls))}
+    return out
+
+
+def _interval(values: np.ndarray) -> list[float] | None:
+    values = values[~np.isnan(values)]
+    return [float(v) for v in np.percentile(values, [2.5, 97.5])] if values.size else None
+
+
 def _pcts(values: np.ndarray) -> dict:
     if values.size == 0:
         return {"p50": None, "p99": None}
@@ -263,6 +295,13 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     replay = replay_of(run_dir, profile, model=model, shape=shape)
     simulated, sim = simulate(replay.spec, requests=replay.arrivals)
     errors = compare(replay.measured, simulated)
+    intervals = sampling_intervals(replay.rows)
+    for key, e in errors.items():
+        cls, metric, pct = key.split(".")
+        if (interval := intervals.get(cls, {}).get(metric, {}).get(pct)) is not None:
+            e["measured_ci95"] = interval
+            slack = 1e-6 * abs(e["measured"])  # float precision of wall-clock timestamps
+            e["simulated_within_ci"] = interval[0] - slack <= e["simulated"] <= interval[1] + slack
     result = {"run": str(run_dir), "shape": replay.shape.__dict__, "errors": errors,
               "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
     measured_s, simulated_s = measured_transfer_s(run_dir), simulated_transfer_s(sim)
@@ -293,6 +332,7 @@ def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: Run
     every = [e for r in runs for e in r["errors"].values()]
     worst = [r["max_error_pct"] for r in runs if not math.isnan(r["max_error_pct"])]
     spread = [e for e in every if "run_to_run_pct" in e]
+    sampled = [e for e in every if "measured_ci95" in e]
     return {"profile": str(profile), "model": model, "runs": runs, "goal_pct": 10.0,
             "max_error_pct": max(worst) if worst else None,
             "median_error_pct": float(np.median([e["error_pct"] for e in every])) if every else None,
@@ -302,4 +342,11 @@ def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: Run
                 "max_pct": max(e["run_to_run_pct"] for e in spread),
                 "within_goal": sum(e["run_to_run_pct"] <= 10.0 for e in spread),
                 "simulator_within_spread": sum(e["error_pct"] <= max(e["run_to_run_pct"], 10.0) for e in spread),
-                "metrics": len(spread)}}
+                "repeat_within_ci": sum(e["measured_ci95"][0] <= e["repeat_measured"] <= e["measured_ci95"][1]
+                                        for e in spread if "measured_ci95" in e),
+                "metrics": len(spread)},
+            "sampling": None if not sampled else {
+                "simulator_within_ci": sum(e["simulated_within_ci"] for e in sampled),
+                "median_ci_width_pct": float(np.median([(e["measured_ci95"][1] - e["measured_ci95"][0])
+                                                        / e["measured"] * 100 for e in sampled])),
+                "resamples": SAMPLING_RESAMPLES, "metrics": len(sampled)}}
