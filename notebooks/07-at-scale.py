@@ -47,6 +47,26 @@ spec = spec.model_copy(update={"workload": spec.workload.model_copy(
 print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pools", "engine", "router", "slo"}))
 
 # %% [markdown]
+# ## 0. Why trust it? The same simulator against the local labs
+#
+# Before asking it about H200s, check it on the machine in front of you. `pdlab sim validate` replays measured
+# lab runs (hol-blocking, the threshold sweep) through the simulator with step costs fitted on *other* runs, and
+# compares p50 and p99 TTFT and ITL per class. Each point below is one metric of one run; the bars span the
+# measured value's 95% sampling interval (a run has a few dozen requests, so its percentiles are estimates); the
+# green band is +-10%. This is the recorded validation; `docs/simulator.md` has the command to validate your own
+# runs, and says which points miss and why.
+
+# %%
+from pdlab.report import validation_figure
+from pdlab.sim.validate import latest_validation
+
+recorded = latest_validation()
+print(f"{recorded['within_goal']}/{recorded['metrics']} metrics within 10%, median error "
+      f"{recorded['median_error_pct']:.1f}%, max {recorded['max_error_pct']:.1f}%; within the 95% interval: "
+      f"{recorded['sampling']['simulator_within_ci']}/{recorded['sampling']['metrics']}")
+validation_figure(recorded)
+
+# %% [markdown]
 # ## 1. Colocated against disaggregated, same GPUs
 #
 # The scenario's pools use `prefill + decode` instances of 2 GPUs each. The colocated twin runs as many colocated

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pdlab.report import itl_cdf_figure, sweep_figure, timeline_figure, ttft_by_class_figure
+from pdlab.report import itl_cdf_figure, sweep_figure, timeline_figure, ttft_by_class_figure, validation_figure
 from tests.test_metrics import timeline
 
 
@@ -35,3 +35,21 @@ def test_ttft_by_class_and_sweep_figures():
     fig = sweep_figure(sweep, y="attainment", target=0.9)
     assert list(fig.data[0].x) == [1.0, 2.0]
     assert [trace.name for trace in fig.data] == ["a", "b"]
+
+
+def test_validation_figure_puts_each_metric_at_measured_simulated_with_its_interval():
+    result = {"goal_pct": 10.0, "runs": [{"run": "data/sim-runs/lab/20261130-000000/colocated", "errors": {
+        "short.ttft_ms.p50": {"measured": 40.0, "simulated": 44.0, "error_pct": 10.0, "measured_ci95": [38.0, 45.0]},
+        "short.itl_ms.p99": {"measured": 20.0, "simulated": 15.0, "error_pct": 25.0, "measured_ci95": [19.0, 22.0]},
+        "long.ttft_ms.p50": {"measured": 1500.0, "simulated": 1400.0, "error_pct": 6.7}}}]}
+    fig = validation_figure(result)
+    band, diagonal, *points = fig.data
+    assert band.fill == "toself" and list(diagonal.x) == list(diagonal.y)
+    by_name = {trace.name: trace for trace in points}
+    assert set(by_name) == {"ITL p99", "TTFT p50"}
+    ttft = by_name["TTFT p50"]
+    assert list(ttft.x) == [40.0, 1500.0] and list(ttft.y) == [44.0, 1400.0]
+    assert list(ttft.error_x.arrayminus) == [2.0, 0.0] and list(ttft.error_x.array) == [5.0, 0.0]
+    assert "lab/20261130-000000/colocated" in ttft.text[0] and "10.0% off" in ttft.text[0]
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
+

@@ -229,9 +229,9 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
     seeded). A change to the simulator that moves them must re-record the validation (`pdlab sim validate`)."""
     from pdlab.settings import data_dir
     from pdlab.sim.scenario import resolve_profile
-    from pdlab.sim.validate import measured_transfer_s
+    from pdlab.sim.validate import latest_validation, measured_transfer_s
 
-    recorded = json.loads(sorted((data_dir() / "results" / "sim-validation").glob("*.json"))[-1].read_text())
+    recorded = latest_validation()
     root = data_dir().parent
     runs = [root / r["run"] for r in recorded["runs"]]
     repeats = [root / r["repeat"] for r in recorded["runs"] if "repeat" in r]
@@ -242,6 +242,7 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
         for key, e in old["errors"].items():
             assert new["errors"][key]["simulated"] == pytest.approx(e["simulated"], rel=1e-6), (old["run"], key)
             assert new["errors"][key]["measured"] == pytest.approx(e["measured"], rel=1e-9), (old["run"], key)
+            assert new["errors"][key]["measured_ci95"] == pytest.approx(e["measured_ci95"], rel=1e-9), key
         assert new.get("kv_transfer_ms") == pytest.approx(old.get("kv_transfer_ms")), old["run"]
     assert again["max_error_pct"] == pytest.approx(recorded["max_error_pct"], rel=1e-6)
     # every run that moved KV has the simulator's transfers beside vLLM's, counted the same way

@@ -8,6 +8,7 @@ from pdlab.report.figures import (
     sweep_figure,
     timeline_figure,
     ttft_by_class_figure,
+    validation_figure,
 )
 from pdlab.report.html import headline_table, write_report
 
@@ -19,5 +20,6 @@ __all__ = [
     "sweep_figure",
     "timeline_figure",
     "ttft_by_class_figure",
+    "validation_figure",
     "write_report",
 ]

@@ -4,6 +4,7 @@ and `write_report` draw the same pictures."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -112,6 +113,41 @@ def sweep_figure(frame: pd.DataFrame, x: str = "rate", y: str = "short_itl_p99_m
     if target is not None:
         fig.add_hline(y=target, line_dash="dot", annotation_text=f"target {target:g}")
     fig.update_layout(title=title or f"{y} vs {x}", xaxis_title=x, yaxis_title=y)
+    return fig
+
+
+def validation_figure(result: dict, goal_pct: float | None = None,
+                      title: str = "Simulated against measured") -> go.Figure:
+    """One point per metric of each validated run (`pdlab sim validate`'s result): measured on x, simulated on y,
+    log axes; horizontal bars span the measured value's 95% sampling interval, and the band is +-goal around
+    equality. Points are coloured by metric (TTFT or ITL, p50 or p99), the run and the error on hover."""
+    goal = (goal_pct if goal_pct is not None else result.get("goal_pct", 10.0)) / 100
+    points: dict[str, list[tuple]] = {}
+    for run in result["runs"]:
+        name = "/".join(Path(run["run"]).parts[-3:])
+        for key, e in run["errors"].items():
+            cls, metric, pct = key.split(".")
+            low, high = e.get("measured_ci95") or (e["measured"], e["measured"])
+            label = f"{metric.removesuffix('_ms').upper()} {pct}"
+            points.setdefault(label, []).append((e["measured"], e["simulated"], e["measured"] - low,
+                                                 high - e["measured"], f"{name}<br>{cls} {label}: "
+                                                 f"{e['error_pct']:.1f}% off"))
+    fig = go.Figure()
+    values = [v for rows in points.values() for row in rows for v in row[:2]]
+    if values:
+        span = np.array([min(values) / 1.5, max(values) * 1.5])
+        fig.add_trace(go.Scatter(x=np.r_[span, span[::-1]], y=np.r_[span * (1 + goal), span[::-1] * (1 - goal)],
+                                 mode="lines", fill="toself", fillcolor="rgba(44,160,44,0.15)", line={"width": 0},
+                                 name=f"within {goal:.0%}", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=span, y=span, mode="lines", line={"dash": "dot", "color": "#2ca02c"},
+                                 name="simulated = measured", hoverinfo="skip"))
+    for label, rows in sorted(points.items()):
+        x, y, minus, plus, text = zip(*rows, strict=True)
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=label, text=text,
+                                 hovertemplate="%{text}<extra></extra>",
+                                 error_x={"type": "data", "symmetric": False, "array": plus, "arrayminus": minus}))
+    fig.update_layout(title=title, xaxis_title="measured (ms)", yaxis_title="simulated (ms)", xaxis_type="log",
+                      yaxis_type="log")
     return fig
 
 

@@ -310,6 +310,17 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     return result
 
 
+def latest_validation() -> dict:
+    """The most recent validation recorded under data/results/sim-validation/ (`pdlab sim validate` keeps each)."""
+    from pdlab.settings import data_dir
+
+    recorded = sorted((data_dir() / "results" / "sim-validation").glob("*.json"))
+    if not recorded:
+        raise FileNotFoundError("no validation recorded under data/results/sim-validation/: run `pdlab sim "
+                                "validate` (docs/simulator.md)")
+    return json.loads(recorded[-1].read_text())
+
+
 def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None,
                   repeats: list[Path] | None = None) -> dict:
     """Validate each run; with `repeats` (other measured runs of the same scenarios, matched by directory name),
