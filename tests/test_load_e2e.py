@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from pdlab.config import parse_workload
@@ -39,6 +40,10 @@ def test_workload_runs_against_the_real_deployment(live_1p1d, tmp_path, kind):
         assert len(row["token_times"]) == row["max_tokens"]  # one streamed chunk per token
         expected = "disaggregated" if row["prompt_tokens"] >= ROUTER_THRESHOLD else "direct"
         assert row["path"] == expected
+        if expected == "disaggregated":  # the router's prefill time is part of the TTFT the client saw
+            assert 0 < row["prefill_ms"] < row["token_times"][0] * 1e3
+        else:
+            assert pd.isna(row["prefill_ms"])
     summary = json.loads((run.dir / "summary.json").read_text())
     assert summary["complete"] is True
     assert summary["scenarios"][kind]["requests"]["completed"] == len(rows)

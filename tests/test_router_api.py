@@ -14,6 +14,7 @@ from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DECODE_REPLICA_HEADER,
     PATH_HEADER,
+    PREFILL_MS_HEADER,
     PREFILL_REPLICA_HEADER,
     PROMPT_TOKENS_HEADER,
 )
@@ -78,6 +79,9 @@ def test_threshold_boundary(client, model_dir, offset, path):
     assert response.status_code == 200
     assert response.headers[PATH_HEADER] == path
     assert (PREFILL_REPLICA_HEADER in response.headers) == (path == "disaggregated")
+    assert (PREFILL_MS_HEADER in response.headers) == (path == "disaggregated")
+    if path == "disaggregated":
+        assert 0 < float(response.headers[PREFILL_MS_HEADER]) < 10_000
     assert response.headers[DECODE_REPLICA_HEADER] == url(DECODE)
 
 

@@ -89,5 +89,8 @@ PATH_HEADER = "x-pdlab-path"
 PROMPT_TOKENS_HEADER = "x-pdlab-prompt-tokens"
 """The prompt's token count as the router measured it with the served model's tokenizer."""
 PREFILL_REPLICA_HEADER = "x-pdlab-prefill"
+PREFILL_MS_HEADER = "x-pdlab-prefill-ms"
+"""P/D path: milliseconds from the router receiving the request to the prefill instance's answer (its queueing and
+prefill); the rest of the TTFT is the KV transfer, the decode instance's queue and its first step."""
 DECODE_REPLICA_HEADER = "x-pdlab-decode"
 REQUEST_ID_HEADER = "x-request-id"

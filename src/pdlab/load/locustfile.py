@@ -26,7 +26,7 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 from pdlab.load.rows import RowWriter
 from pdlab.load.schedule import ScheduledRequest, read_schedule
 from pdlab.load.sse import StreamRecord
-from pdlab.settings import PATH_HEADER, REQUEST_ID_HEADER
+from pdlab.settings import PATH_HEADER, PREFILL_MS_HEADER, REQUEST_ID_HEADER
 
 
 @events.init_command_line_parser.add_listener
@@ -127,7 +127,7 @@ class ScheduledUser(HttpUser):
         record = StreamRecord()
         row: dict[str, Any] = {"request_id": item.request_id, "cls": item.cls, "scheduled_s": item.offset_s,
                                "prompt_tokens": item.prompt_tokens, "max_tokens": item.max_tokens,
-                               "http_status": 0, "path": "", "error": "", "server_request_id": ""}
+                               "http_status": 0, "path": "", "prefill_ms": "", "error": "", "server_request_id": ""}
         start = time.perf_counter()
         row["start_time"] = time.time()
         row["start_s"] = round(start - self.feed.t0, 6)
@@ -140,6 +140,7 @@ class ScheduledUser(HttpUser):
                 row["http_status"] = response.status_code or 0
                 row["path"] = response.headers.get(PATH_HEADER, "") if response.status_code else ""
                 row["server_request_id"] = response.headers.get(REQUEST_ID_HEADER, "") if response.status_code else ""
+                row["prefill_ms"] = response.headers.get(PREFILL_MS_HEADER, "") if response.status_code else ""
                 if not response.status_code:
                     timed_out = _is_timeout(response.error)
                     status, row["error"] = ("timeout" if timed_out else "connection_error"), str(response.error)

@@ -30,6 +30,8 @@ COLUMNS: dict[str, str] = {
     "token_times": "JSON list: arrival of each streamed token, seconds after send",
     "end_s": "end of the response (or of the failure), seconds after send",
     "path": "routing path from the router's header (disaggregated/direct), empty without a router",
+    "prefill_ms": "P/D path: ms from the router receiving the request to the prefill instance's answer (router's "
+                  "header), empty otherwise",
     "http_status": "HTTP status, 0 when no response came",
     "status": "ok, http_error, connection_error, incomplete, timeout, interrupted or client_error",
     "error": "error message, empty when ok",

@@ -46,6 +46,7 @@ from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DECODE_REPLICA_HEADER,
     PATH_HEADER,
+    PREFILL_MS_HEADER,
     PREFILL_REPLICA_HEADER,
     PROMPT_TOKENS_HEADER,
     REQUEST_ID_HEADER,
@@ -246,6 +247,7 @@ class Router:
                     reply_headers["x-pdlab-fallback"] = "prefill-unavailable"
                 else:
                     reply_headers[PREFILL_REPLICA_HEADER] = prefill_url
+                    reply_headers[PREFILL_MS_HEADER] = f"{(time.perf_counter() - arrived) * 1e3:.1f}"
             reply_headers[PATH_HEADER] = path
             self.metrics.requests.labels(endpoint, path).inc()
             # The direct path (and LMCache's decode leg) forwards the client's bytes as they came; NIXL's P/D adds
