@@ -127,7 +127,8 @@ def _deployment_of(run_dir: Path) -> dict:
 def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
     path = _rows_file(run_dir)
     header = path.open().readline().strip().split(",")
-    if header == list(ROW_COLUMNS):
+    # pdlab's own rows (those written before a column was added lack it)
+    if set(header) <= ROW_COLUMNS.keys() and {"start_s", "token_times", "max_tokens", "status"} <= set(header):
         rows = _read_pdlab_rows(path)
         if not rows:
             raise RunDirError(f"{path}: no successful requests")
