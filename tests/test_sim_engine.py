@@ -89,6 +89,33 @@ def test_a_kv_read_beside_a_busy_prefill_instance_waits_for_its_step_to_end() ->
     assert second.transfer_start == pytest.approx(second.transfer_queued)
 
 
+@pytest.mark.parametrize("share_in_first_step", [0.5, 10.0])
+def test_a_kv_read_beside_a_busy_prefill_instance_moves_at_the_busy_rate(share_in_first_step: float) -> None:
+    """The same two prompts, with a busy-sender rate: the first one's read (500 tokens x 1,000 bytes) moves at that
+    rate while the second prompt is prefilled. Fast enough to finish within the step under way (half of it), it ends
+    there; slower (a tenth of it per step), it moves at that rate through every step of the second prompt, and what
+    is left when the instance goes idle moves at the link's speed."""
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    arrivals = [Arrival(at_s=1.0, prompt_tokens=500, output_tokens=2, cls="long"),
+                Arrival(at_s=1.1, prompt_tokens=2000, output_tokens=2, cls="long")]
+    step = COST.step_time(512, chunk_attention(512, 0), 0, 0)
+    size = 500 * 1000
+    rate = size / (share_in_first_step * step)
+    prefill = instance("p", "prefill", budget=512, link=Link(transfer))
+    sim = Simulation(router=RouterSettings(threshold=100), prefill=[prefill], decode=[instance("d", "decode")],
+                     overheads=ServingOverheads(transfer_waits_for_sender=True, busy_sender_bytes_per_s=rate))
+    gated, second = sim.run(arrivals)
+    if share_in_first_step < 1:
+        assert gated.transfer_end - gated.transfer_queued == pytest.approx(size / rate)
+    else:
+        busy = second.prefill_end - gated.transfer_queued
+        left = 1 - busy * rate / size
+        assert 0 < left < 1
+        assert gated.transfer_start == pytest.approx(second.prefill_end)
+        assert gated.transfer_end - gated.transfer_start == pytest.approx(left * transfer.transfer_time(500))
+
+
 def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefill_leaves_budget() -> None:
     """The decode instance prefills a 390-token prompt of its own in 64-token chunks when a disaggregated request
     reaches it: the request waits in the same queue (vLLM schedules running requests first, and a chunk that fills

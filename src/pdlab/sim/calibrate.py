@@ -144,6 +144,9 @@ def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20,
 
 #: Where the search starts its step costs when not told: the profile shipped for the local model.
 DEFAULT_START_PROFILE = "pdlab-small-vllm-cpu"
+DEFAULT_BUSY_SENDER_BYTES_PER_S = 60e6
+"""Where the fit starts a read's speed beside a computing sender: `pdlab bench transfer`'s median (50 MB in 0.86 s
+while the prefill instance prefilled another prompt)."""
 #: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s, s): a coefficient the
 #: start profile has at zero is searched from here (the search is in log space, so it cannot start at zero).
 _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 5e-3, 5e-3)
@@ -227,9 +230,9 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
-    With `sender_gated` (as on pdlab's CPU tier, held, not fitted) a KV read posted while the prefill instance
-    computes waits for that step to end (`ServingOverheads.transfer_waits_for_sender`), and each run's mean KV
-    transfer time as vLLM measured it (`kv.json`) joins the errors.
+    With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes moves at a
+    fitted rate for as long as it keeps computing (`ServingOverheads.busy_sender_bytes_per_s`), and each run's
+    mean KV transfer time as vLLM measured it (`kv.json`) joins the errors.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
@@ -260,10 +263,14 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                      if m["ttft_ms"]["p50"]) / 1e3
     longest = max(row.prompt_tokens for r in replays for row in r.rows)
 
+    # With reads gated by the sender, how fast one moves while the sender computes is fitted too (x[8]).
+    busy_start = [start_overheads.busy_sender_bytes_per_s or DEFAULT_BUSY_SENDER_BYTES_PER_S] if sender_gated else []
+
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:5])), ServingOverheads(  # type: ignore[arg-type]
-            float(values[5]), float(values[6]), jitter, sender_gated), float(values[7])
+            float(values[5]), float(values[6]), jitter, sender_gated,
+            float(values[8]) if sender_gated else 0.0), float(values[7])
 
     transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 
@@ -298,7 +305,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     screen = max(max_evaluations // (2 * len(starts)), 10)
     best = None
     for values in starts:
-        result = minimize(objective, np.log([*values, link_start]), method="Nelder-Mead",
+        result = minimize(objective, np.log([*values, link_start, *busy_start]), method="Nelder-Mead",
                           options={"maxfev": screen, "xatol": 1e-3, "fatol": 1e-6, "adaptive": True})
         if best is None or result.fun < best.fun:
             best = result

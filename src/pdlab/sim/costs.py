@@ -167,13 +167,20 @@ class ServingOverheads:
       thread at idle priority, and the engine itself between steps). Measured on the local tier (1P1D, a
       3,000-token prompt's 50 MB of KV, `pdlab bench transfer`, data/results/transfer/): 6 ms beside an idle
       prefill instance, 0.3-1.0 s (median 0.86) while it prefilled another prompt in 2,048-token steps of ~0.9 s.
-      False: transfers do not depend on the sender's engine (one-sided RDMA on GPUs).
+      False: transfers do not depend on the sender's engine (one-sided RDMA on GPUs);
+    - `busy_sender_bytes_per_s`: with `transfer_waits_for_sender`, how fast a read moves while the sender computes
+      (the progress thread's small share of a busy core), shared by the link's lanes; when the sender's step ends
+      with nothing after it, the rest moves at the link's speed. 0: nothing moves until the step ends. Fitted:
+      the router's prefill times (`x-pdlab-prefill-ms`) show reads of 30-110 MB finishing 0.3-1.5 s after their
+      prefill while the instance kept prefilling (data/sim-runs/threshold-sweep/20261201-010534), i.e. mostly
+      before the step under way ended.
     Zero (and False) for roofline (GPU) costs, which describe the engine alone."""
 
     request_s: float = 0.0
     handoff_s: float = 0.0
     step_jitter_s: tuple[float, ...] = ()
     transfer_waits_for_sender: bool = False
+    busy_sender_bytes_per_s: float = 0.0
 
     def step_jitters(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
         """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none)."""
@@ -188,7 +195,8 @@ class ServingOverheads:
     def to_json(self) -> dict:
         return {"request_ms": self.request_s * 1e3, "handoff_ms": self.handoff_s * 1e3,
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
-                "transfer_waits_for_sender": self.transfer_waits_for_sender}
+                "transfer_waits_for_sender": self.transfer_waits_for_sender,
+                "busy_sender_mb_s": self.busy_sender_bytes_per_s / 1e6}
 
     @classmethod
     def from_json(cls, data: dict | None) -> ServingOverheads:
@@ -199,7 +207,8 @@ class ServingOverheads:
         return cls(request_s=float(data.get("request_ms", 0.0)) / 1e3,
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
-                   transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)))
+                   transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)),
+                   busy_sender_bytes_per_s=float(data.get("busy_sender_mb_s", 0.0)) * 1e6)
 
 
 def load_profile(path: str | Path) -> tuple[FittedCost, dict]:

@@ -336,6 +336,26 @@ class Simulation:
         decode.prefill_queue.append(request)
         self._wake(decode)
 
+    def _while_sender_busy(self, request: SimRequest, prefill: Instance):
+        """Move the read while `prefill` computes; the share of it left for the link's speed. Without a busy rate
+        nothing moves until the step under way ends; with one, the read moves at that rate (its lane's share) for
+        as long as the instance keeps stepping."""
+        link = prefill.link
+        busy_rate = self.overheads.busy_sender_bytes_per_s / link.cost.concurrency
+        if busy_rate <= 0:
+            if prefill.busy:
+                yield self._step_end(prefill)
+            return 1.0
+        size = request.arrival.prompt_tokens * link.cost.kv_bytes_per_token
+        left = 1.0
+        while prefill.busy and left > 0:
+            began, done_in = self.now, left * size / busy_rate
+            yield self._step_end(prefill) | self.env.timeout(done_in)
+            moved = (self.now - began) / done_in
+            # (within a nanosecond of the end is the end: float time may not advance by less)
+            left = 0.0 if self.now >= began + done_in - 1e-9 else left * (1 - moved)
+        return left
+
     def _transfer(self, request: SimRequest):
         """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
         prefill, decode = request.prefill_host, request.decode_host
@@ -343,11 +363,11 @@ class Simulation:
         request.transfer_queued = self.now
         with link.lanes.request() as lane:
             yield lane
-            if self.overheads.transfer_waits_for_sender and prefill.busy:
-                yield self._step_end(prefill)
+            wire = link.cost.transfer_time(request.arrival.prompt_tokens, request.prefill_end - request.prefill_start)
+            if self.overheads.transfer_waits_for_sender:
+                wire *= yield from self._while_sender_busy(request, prefill)
             request.transfer_start = self.now
-            yield self.env.timeout(link.cost.transfer_time(request.arrival.prompt_tokens,
-                                                           request.prefill_end - request.prefill_start))
+            yield self.env.timeout(wire)
         request.transfer_end = self.now
         prefill.kv_used -= request.reserved
         request.reserved = request.decode_reserved
