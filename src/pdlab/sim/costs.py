@@ -170,10 +170,10 @@ class ServingOverheads:
       False: transfers do not depend on the sender's engine (one-sided RDMA on GPUs);
     - `busy_sender_bytes_per_s`: with `transfer_waits_for_sender`, how fast a read moves while the sender computes
       (the progress thread's small share of a busy core), shared by the link's lanes; when the sender's step ends
-      with nothing after it, the rest moves at the link's speed. 0: nothing moves until the step ends. Fitted:
-      the router's prefill times (`x-pdlab-prefill-ms`) show reads of 30-110 MB finishing 0.3-1.5 s after their
-      prefill while the instance kept prefilling (data/sim-runs/threshold-sweep/20261201-010534), i.e. mostly
-      before the step under way ended.
+      with nothing after it, the rest moves at the link's speed. 0: nothing moves until the step ends. Fitted
+      (`pdlab sim calibrate --from-runs`). Why a rate: the router's prefill times (`x-pdlab-prefill-ms`) show
+      reads finishing anywhere from 0.04 to 4.2 s after their prefill while the instance kept prefilling, several
+      at once, not at the end of the step under way (data/sim-runs/threshold-sweep/20261201-010534).
     Zero (and False) for roofline (GPU) costs, which describe the engine alone."""
 
     request_s: float = 0.0
