@@ -21,6 +21,18 @@ def test_timeline_marks_ttft_tokens_stalls_failures_and_long_prefills():
     assert list(fig.layout.yaxis.ticktext) == ["A short", "E probe", "B long", "D short", "C short"]
 
 
+def test_timeline_marks_the_prefill_answer_of_pd_requests():
+    rows = timeline()
+    assert "prefill answered (P/D)" not in {trace.name for trace in timeline_figure(rows).data}
+    rows["prefill_ms"] = [float("nan")] * len(rows)
+    b = rows.index[rows["request_id"] == "B"][0]
+    rows.loc[b, "prefill_ms"] = 600.0
+    [marker] = [t for t in timeline_figure(rows).data if t.name == "prefill answered (P/D)"]
+    first = rows.loc[b, "start_s"] + rows.loc[b, "token_times"][0]
+    assert list(marker.x) == pytest.approx([rows.loc[b, "start_s"] + 0.6])
+    assert f"then {first - rows.loc[b, 'start_s'] - 0.6:.2f} s" in marker.text[0]
+
+
 def test_itl_cdf_has_one_step_per_gap_and_ends_at_one():
     fig = itl_cdf_figure({"one": timeline(), "two": timeline()})
     assert [trace.name for trace in fig.data] == ["one", "two"]

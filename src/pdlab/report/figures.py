@@ -20,7 +20,9 @@ STALL_COLOUR = "#d62728"
 def timeline_figure(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K, title: str = "Request timeline",
                     max_requests: int = 400) -> go.Figure:
     """One row per request (by send time): a thick segment from send to first token (TTFT), a tick per
-    streamed token, stalled gaps in red, failed requests crossed out, and long prompts' prefills shaded."""
+    streamed token, stalled gaps in red, failed requests crossed out, and long prompts' prefills shaded. On the P/D
+    path a diamond marks the prefill instance's answer (the router's `prefill_ms`): the TTFT after it is the KV
+    transfer, the decode instance's queue and its first step."""
     ordered = rows.sort_values("start_s", kind="stable").head(max_requests).reset_index(drop=True)
     y_of = {rid: i for i, rid in enumerate(ordered["request_id"])}
     labels = [f"{rid} {cls}" for rid, cls in zip(ordered["request_id"], ordered["cls"], strict=True)]
@@ -49,6 +51,18 @@ def timeline_figure(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K, title:
         fig.add_trace(go.Scatter(x=tick_x, y=tick_y, mode="markers", name=f"{cls}: tokens", legendgroup=str(cls),
                                  marker={"symbol": "line-ns-open", "size": 7, "color": colour},
                                  hovertemplate="t=%{x:.3f}s<extra></extra>"))
+
+    if "prefill_ms" in ordered:
+        handed = ordered[ordered["prefill_ms"].notna() & ordered["token_times"].map(bool)]
+        if not handed.empty:
+            prefill_s = handed["prefill_ms"] / 1e3
+            rest_s = handed["token_times"].map(lambda times: times[0]) - prefill_s
+            fig.add_trace(go.Scatter(
+                x=handed["start_s"] + prefill_s, y=[y_of[r] for r in handed["request_id"]], mode="markers",
+                marker={"symbol": "diamond", "size": 8, "color": "#9467bd"}, name="prefill answered (P/D)",
+                text=[f"prefill {p:.2f} s, then {r:.2f} s to the first token" for p, r in zip(prefill_s, rest_s,
+                                                                                              strict=True)],
+                hovertemplate="%{text}<extra></extra>"))
 
     stalled = gaps(ordered, stall_k)
     stalled = stalled[stalled["stall"]]
