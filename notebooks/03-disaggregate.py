@@ -95,7 +95,8 @@ print(f"P/D:    {answer.text!r}\ndirect: {direct['text']!r}")
 # ## 3. Under load
 #
 # The same mixed load as notebook 02, now through the router: long prompts go prefill -> decode, short ones
-# straight to decode.
+# straight to decode. On each long request's row a diamond marks the moment the prefill instance answered the
+# router (hover it): the rest of its TTFT is the KV transfer, the wait on the decode instance and its first step.
 
 # %%
 from pdlab.config.workload import MixedWorkload
@@ -143,6 +144,6 @@ dep.stop()  # stops it only if this notebook started it
 #
 # 1. Double `PROMPT_TOKENS`. Do the bytes double? Does the transfer time? What is the transfer's MB/s, and how
 #    does it compare with a 400 Gb/s EFA link (notebook 08)?
-# 2. From section 3's timeline, find a long request: how does its TTFT split into prefill, transfer and the first
-#    decode step?
+# 2. From section 3's timeline, find a long request: how does its TTFT split into prefill (up to the diamond),
+#    transfer and the first decode step? Compare the part after the diamond with section 1's transfer time.
 # 3. Send a prompt shorter than 128 tokens (one KV block) through `pd_completion_async`. How many bytes move, and why?
