@@ -10,8 +10,8 @@ conditions, each repeated:
 - `decode-streaming`: several streams decoding on the decode instance.
 Each trial records the probe's time to first token and the transfer time vLLM measured for it (the change of the
 decode instance's `vllm:nixl_xfer_time_seconds` over the trial). This is what the simulator's
-`ServingOverheads.transfer_waits_for_sender` describes: on a CPU a read waits while the instance it reads from
-computes a step.
+`ServingOverheads.transfer_waits_for_sender` and `busy_sender_bytes_per_s` describe: on a CPU a read crawls
+while the instance it reads from computes.
 """
 
 from __future__ import annotations

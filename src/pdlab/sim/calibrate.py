@@ -154,8 +154,8 @@ _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 5e-3, 5e-3)
 
 def measured_link_gbps(run_dirs: list) -> float | None:
     """KV transfer throughput the runs' decode instances reported (`kv.json`, from vLLM's NIXL metrics), in Gbit/s:
-    on a loaded CPU it is far below what an idle loopback carries, since a read advances only between the prefill
-    instance's steps (`ServingOverheads.transfer_waits_for_sender`)."""
+    on a loaded CPU it is far below what an idle loopback carries, since a read crawls while the prefill instance
+    computes (`ServingOverheads.busy_sender_bytes_per_s`)."""
     import json
     from pathlib import Path
 

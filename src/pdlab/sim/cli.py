@@ -78,10 +78,10 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   prefill_probe: Path = typer.Option(None, "--prefill-probe", help="--from-runs: also fit to a "
                                                      "`pdlab bench prefill` result (single-request prefill times "
                                                      "on the real server)."),
-                  sender_gated: bool = typer.Option(True, help="--from-runs: KV reads wait for a busy prefill "
-                                                    "instance's step, as on pdlab's CPU tier (`pdlab bench "
-                                                    "transfer`); --no-sender-gated for runs whose transfers do "
-                                                    "not (RDMA)."),
+                  sender_gated: bool = typer.Option(True, help="--from-runs: KV reads crawl while the prefill "
+                                                    "instance computes (rate fitted), as on pdlab's CPU tier "
+                                                    "(`pdlab bench transfer`); --no-sender-gated for runs whose "
+                                                    "transfers do not (RDMA)."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""

@@ -161,8 +161,9 @@ class ServingOverheads:
       collector add or take a few milliseconds around a step, which is what sets the p99 of inter-token latency.
       Additive, not a factor: a 1-second prefill step is not stretched by half because 10 ms decode steps vary by
       half. Empty: no variation;
-    - `transfer_waits_for_sender`: a KV read posted while the prefill instance it reads from is computing a step
-      starts when that step ends (beside an idle instance, at once), then runs at the link's speed. On a CPU
+    - `transfer_waits_for_sender`: a KV read depends on the prefill instance it reads from: beside an idle one it
+      runs at the link's speed at once; posted while it computes, it moves at `busy_sender_bytes_per_s` (0: not
+      at all until the step under way ends), the rest at the link's speed. On a CPU
       server the sending side of a transfer is served by threads that share the engine's core (NIXL's progress
       thread at idle priority, and the engine itself between steps). Measured on the local tier (1P1D, a
       3,000-token prompt's 50 MB of KV, `pdlab bench transfer`, data/results/transfer/): 6 ms beside an idle

@@ -351,9 +351,8 @@ class Simulation:
         while prefill.busy and left > 0:
             began, done_in = self.now, left * size / busy_rate
             yield self._step_end(prefill) | self.env.timeout(done_in)
-            moved = (self.now - began) / done_in
             # (within a nanosecond of the end is the end: float time may not advance by less)
-            left = 0.0 if self.now >= began + done_in - 1e-9 else left * (1 - moved)
+            left = 0.0 if self.now >= began + done_in - 1e-9 else left * (1 - (self.now - began) / done_in)
         return left
 
     def _transfer(self, request: SimRequest):

@@ -181,15 +181,19 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
     return shape
 
 
-def measured_metrics(rows: list[MeasuredRequest]) -> dict:
-    out: dict = {}
+def _per_class(rows: list[MeasuredRequest]) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+    """Per class: each request's TTFT (ms) and its inter-token gaps (ms), in the same order."""
+    out = {}
     for cls in sorted({r.cls for r in rows}):
         mine = [r for r in rows if r.cls == cls and r.token_times]
-        ttft = np.array([(r.token_times[0] - r.start) * 1e3 for r in mine])
-        gaps = [np.diff(r.token_times) * 1e3 for r in mine]
-        itl = np.concatenate(gaps) if gaps else np.empty(0)
-        out[cls] = {"ttft_ms": _pcts(ttft), "itl_ms": _pcts(itl)}
+        out[cls] = (np.array([(r.token_times[0] - r.start) * 1e3 for r in mine]),
+                    [np.diff(r.token_times) * 1e3 for r in mine])
     return out
+
+
+def measured_metrics(rows: list[MeasuredRequest]) -> dict:
+    return {cls: {"ttft_ms": _pcts(ttft), "itl_ms": _pcts(np.concatenate(gaps) if gaps else np.empty(0))}
+            for cls, (ttft, gaps) in _per_class(rows).items()}
 
 
 SAMPLING_RESAMPLES = 1000
@@ -204,13 +208,10 @@ def sampling_intervals(rows: list[MeasuredRequest], *, resamples: int = SAMPLING
     which a bootstrap can only bound by values it saw, so those intervals are on the narrow side."""
     rng = np.random.default_rng(seed)
     out: dict = {}
-    for cls in sorted({r.cls for r in rows}):
-        mine = [r for r in rows if r.cls == cls and r.token_times]
-        if not mine:
+    for cls, (ttft, gaps) in _per_class(rows).items():
+        if not gaps:
             continue
-        ttft = np.array([(r.token_times[0] - r.start) * 1e3 for r in mine])
-        gaps = [np.diff(r.token_times) * 1e3 for r in mine]
-        draws = rng.integers(0, len(mine), size=(resamples, len(mine)))
+        draws = rng.integers(0, len(gaps), size=(resamples, len(gaps)))
         ttfts = np.percentile(ttft[draws], [50, 99], axis=1)
         itls = np.array([np.percentile(itl, [50, 99]) if (itl := np.concatenate([gaps[i] for i in draw])).size
                          else (np.nan, np.nan) for draw in draws]).T
