@@ -66,9 +66,29 @@ def grid_points(cost: FittedCost) -> list[CalibrationPoint]:
 
 
 def test_fit_recovers_known_coefficients() -> None:
-    truth = FittedCost((0.004, 4e-4, 3e-8, 1e-3, 2e-7))
+    # the grid's one chunk after cached context (512 after 2,048) tells fresh attention pairs from cached ones
+    truth = FittedCost((0.004, 4e-4, 3e-8, 1e-3, 2e-7, 2e-8))
     fitted = fit_coefficients(grid_points(truth))
     assert fitted == pytest.approx(truth.coefficients, rel=1e-6)
+
+
+def test_only_a_chunk_that_starts_its_prompt_has_fresh_attention() -> None:
+    whole, later = CalibrationPoint(512, 0, 0, 0, 0.1), CalibrationPoint(512, 2048, 0, 0, 0.1)
+    assert whole.features()[5] == whole.features()[2] == 512 * 256
+    assert later.features()[5] == 0 and later.features()[2] == 512 * (2048 + 256)
+    cost = FittedCost((0.0, 0.0, 1e-9, 0.0, 0.0, 1e-9))
+    assert cost.step_time(*whole.features()[1:]) == pytest.approx(2 * 1e-9 * 512 * 256)
+
+
+def test_a_profile_from_before_fresh_attention_prices_every_pair_alike(tmp_path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"kind": "fitted", "features": ["constant", "prefill_tokens", "prefill_attention",
+                                                                "decode_seqs", "decode_context"],
+                                "coefficients": [0.01, 1e-4, 1e-8, 1e-3, 1e-6]}))
+    cost, _ = load_profile(path)
+    assert cost.coefficients == (0.01, 1e-4, 1e-8, 1e-3, 1e-6, 0.0)
+    with pytest.raises(ValueError, match="6 coefficients"):
+        FittedCost((0.01, 1e-4, 1e-8, 1e-3))
 
 
 def test_fit_never_returns_negative_costs(tmp_path) -> None:

@@ -14,12 +14,19 @@ from pdlab.sim.summary import token_times
 from pdlab.sim.workload import Arrival
 
 # 10 ms per step + 1 ms per prefill token + 1 us per attention pair + 2 ms per decoding sequence + 1 us per
-# context token: distinct coefficients, so a wrong feature shows up as a wrong time.
-COST = FittedCost((0.010, 0.001, 1e-6, 0.002, 1e-6))
+# context token + 0.5 us more per pair of a chunk that starts its prompt: distinct coefficients, so a wrong feature
+# shows up as a wrong time.
+COST = FittedCost((0.010, 0.001, 1e-6, 0.002, 1e-6, 5e-7))
 
 
-def instance(name: str, role: str, *, budget: int = 8192, link: Link | None = None) -> Instance:
-    return Instance(name=name, role=role, cost=COST, budget=budget, max_seqs=64, kv_capacity=100_000, link=link)
+def first_chunk(tokens: int, decode_seqs: int = 0, decode_context: int = 0) -> float:
+    """A step that starts a prompt (all its attention pairs fresh), beside `decode_seqs` decoding sequences."""
+    return COST.step_time(tokens, chunk_attention(tokens, 0), decode_seqs, decode_context, chunk_attention(tokens, 0))
+
+
+def instance(name: str, role: str, *, budget: int = 8192, link: Link | None = None,
+             cost: FittedCost = COST) -> Instance:
+    return Instance(name=name, role=role, cost=cost, budget=budget, max_seqs=64, kv_capacity=100_000, link=link)
 
 
 def test_one_disaggregated_request_ttft_is_queue_plus_prefill_plus_transfer_plus_first_decode_step() -> None:
@@ -30,7 +37,7 @@ def test_one_disaggregated_request_ttft_is_queue_plus_prefill_plus_transfer_plus
     sim = Simulation(router=RouterSettings(threshold=100), prefill=[prefill], decode=[decode])
     [request] = sim.run([Arrival(at_s=1.0, prompt_tokens=500, output_tokens=3, cls="long")])
 
-    prefill_s = COST.step_time(500, chunk_attention(500, 0), 0, 0)
+    prefill_s = first_chunk(500)
     transfer_s = transfer.transfer_time(500)
     first_decode_s = COST.step_time(0, 0, 1, 500)
     assert request.path == "disaggregated"
@@ -82,7 +89,7 @@ def test_a_kv_read_beside_a_busy_prefill_instance_waits_for_its_step_to_end() ->
     assert second.prefill_start == pytest.approx(gated.prefill_end)  # the prefill instance stays busy
     assert gated.transfer_queued == pytest.approx(gated.prefill_end)  # the decode instance was idle: posted at once
     first_chunk_end = next(t for t in prefill.step_ends if t > gated.transfer_queued)
-    assert first_chunk_end - gated.prefill_end == pytest.approx(COST.step_time(512, chunk_attention(512, 0), 0, 0))
+    assert first_chunk_end - gated.prefill_end == pytest.approx(first_chunk(512))
     assert gated.transfer_start == pytest.approx(first_chunk_end)
     assert gated.transfer_end - gated.transfer_start == pytest.approx(transfer.transfer_time(500))
     # the second prompt's read comes after its last step: the sender is idle, so it starts at once
@@ -99,7 +106,7 @@ def test_a_kv_read_beside_a_busy_prefill_instance_moves_at_the_busy_rate(share_i
     transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
     arrivals = [Arrival(at_s=1.0, prompt_tokens=500, output_tokens=2, cls="long"),
                 Arrival(at_s=1.1, prompt_tokens=2000, output_tokens=2, cls="long")]
-    step = COST.step_time(512, chunk_attention(512, 0), 0, 0)
+    step = first_chunk(512)
     size = 500 * 1000
     rate = size / (share_in_first_step * step)
     prefill = instance("p", "prefill", budget=512, link=Link(transfer))
@@ -123,14 +130,15 @@ def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefil
     batch only after the step in which its KV arrived; its first token comes at the end of the step it joins."""
     catalog = load_catalog()
     transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
-    prefill = instance("p", "prefill", link=Link(transfer))
+    # (the prefill instance prices every pair alike, which puts its answer inside the decode instance's sixth chunk)
+    prefill = instance("p", "prefill", link=Link(transfer), cost=FittedCost(COST.coefficients[:5]))
     decode = instance("d", "decode", budget=64)
     sim = Simulation(router=RouterSettings(threshold=400), prefill=[prefill], decode=[decode])
     own, remote = sim.run([Arrival(at_s=0.0, prompt_tokens=390, output_tokens=20, cls="short"),
                            Arrival(at_s=0.0, prompt_tokens=400, output_tokens=2, cls="long")])
     assert (own.path, remote.path) == ("direct", "disaggregated")
     ends = decode.step_ends
-    assert ends[0] == pytest.approx(COST.step_time(64, chunk_attention(64, 0), 0, 0))
+    assert ends[0] == pytest.approx(first_chunk(64))
     assert ends[4] < remote.prefill_end < ends[5]  # handed over during the sixth full chunk
     assert ends[6] - ends[5] == pytest.approx(COST.step_time(6, chunk_attention(6, 384), 0, 0))  # the last chunk
     assert remote.transfer_queued == pytest.approx(ends[5])  # the first step that leaves budget
@@ -156,7 +164,7 @@ def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> 
     sim = Simulation(router=RouterSettings(), colocated=[instance("colocated-1", "colocated")],
                      overheads=ServingOverheads(step_jitter_s=jitter))
     [long] = sim.run([Arrival(0.0, 2000, 1, "long")])
-    prefill = COST.step_time(2000, chunk_attention(2000, 0), 0, 0)
+    prefill = first_chunk(2000)
     assert abs(token_times(long)[0] - prefill) <= 0.002 + 1e-9
 
 
@@ -175,8 +183,8 @@ def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> Non
     sim = Simulation(router=RouterSettings(), colocated=[inst])
     a, b = sim.run([Arrival(0.0, 100, 3, "long"), Arrival(0.001, 50, 2, "short")])
 
-    step1 = COST.step_time(100, chunk_attention(100, 0), 0, 0)  # A's prefill alone: B has not arrived
-    step2 = COST.step_time(50, chunk_attention(50, 0), 1, 101)  # A decodes (context 101) while B prefills
+    step1 = first_chunk(100)  # A's prefill alone: B has not arrived
+    step2 = first_chunk(50, 1, 101)  # A decodes (context 101) while B prefills
     step3 = COST.step_time(0, 0, 2, 102 + 51)  # both decode
     assert list(token_times(a)) == pytest.approx([step1, step1 + step2, step1 + step2 + step3])
     assert list(token_times(b)) == pytest.approx([step1 + step2, step1 + step2 + step3])

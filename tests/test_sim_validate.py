@@ -17,7 +17,7 @@ from pdlab.sim.scenario import simulate
 from pdlab.sim.summary import token_times
 from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, sampling_intervals, validate_runs
 
-TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6))
+TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6, 1e-8))
 #: The engine settings the synthetic runs were simulated with (SimSpec's defaults), recorded in their summary.json
 #: as a measured run records its deployment's: without them, validation assumes vLLM's CPU defaults.
 SIMULATED_ENGINE = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
@@ -136,10 +136,12 @@ def test_bad_run_directories_are_clear_errors(tmp_path: Path) -> None:
 
 
 def calibration_requests() -> list[dict]:
-    """A calibration workload: prompts alone (prefill points), then 1, 2 and 4 concurrent streams (decode points)."""
+    """A calibration workload: prompts alone (prefill points; the last one longer than the token budget, so that a
+    chunk after cached context tells fresh attention pairs from cached ones), then 1, 2 and 4 concurrent streams
+    (decode points)."""
     requests = [{"at_s": 2.0 * i, "prompt_tokens": n, "output_tokens": 2, "cls": "long"}
-                for i, n in enumerate((128, 512, 1024, 2048, 4096))]
-    at = 12.0
+                for i, n in enumerate((128, 512, 1024, 2048, 4096, 10000))]
+    at = 20.0
     for batch in (1, 2, 4):
         requests += [{"at_s": at + 0.0001 * j, "prompt_tokens": 64, "output_tokens": 60, "cls": "short"}
                      for j in range(batch)]
@@ -183,8 +185,12 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
     runs = [write_run_with_overheads(tmp_path / "calib-colocated", truth, {"colocated": 1}, calibration_requests()),
             write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
                                      calibration_requests())]
-    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=4000)
+    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=8000)
     assert fitted["fit_error_pct"]["max"] < 5, fitted["fit_error_pct"]
+    # The 10,000-token prompt's second chunk reads cached context: fresh and cached pairs are priced apart.
+    _, _, per_pair, _, _, fresh_premium = fitted["coefficients"]
+    assert per_pair == pytest.approx(TRUTH.coefficients[2], rel=0.25)
+    assert fresh_premium == pytest.approx(TRUTH.coefficients[5], rel=0.25)
     # The per-request overhead trades off against the per-step constant in TTFT; only their sum is pinned down.
     assert 0 < fitted["overheads"]["request_ms"] < 30
     # Synthetic steps vary only as their context grows within a (batch, context) group: by well under a ms.

@@ -149,7 +149,7 @@ DEFAULT_BUSY_SENDER_BYTES_PER_S = 60e6
 while the prefill instance prefilled another prompt)."""
 #: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s, s): a coefficient the
 #: start profile has at zero is searched from here (the search is in log space, so it cannot start at zero).
-_START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 5e-3, 5e-3)
+_START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 1e-11, 5e-3, 5e-3)
 
 
 def measured_link_gbps(run_dirs: list) -> float | None:
@@ -186,16 +186,21 @@ def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: 
     longest calibration prompt but split it differently between the per-token and the quadratic attention term
     (all linear, half and half), with the per-request overhead at 10% or 50% of the fastest measured TTFT. The
     runs constrain the sum of per-request overhead and a short prompt's prefill much better than either part:
-    without these starts the search stays in whichever split it began with."""
-    c0, c1, c2, c3, c4 = (max(c, floor) for c, floor in zip(cost.coefficients, _START_FLOORS, strict=False))
-    own = [c0, c1, c2, c3, c4, max(request_s, _START_FLOORS[5]), max(handoff_s, _START_FLOORS[6])]
-    prefill_longest = cost.step_time(longest, longest * longest / 2, 0, 0) - cost.coefficients[0]
+    without these starts the search stays in whichever split it began with. A start profile that prices every
+    pair alike (no `fresh_attention` coefficient) starts fresh pairs at half again the price of cached ones."""
+    c0, c1, c2, c3, c4, c5 = (max(c, floor) for c, floor in zip(cost.coefficients, _START_FLOORS, strict=False))
+    c5 = max(c5, c2 / 2)
+    own = [c0, c1, c2, c3, c4, c5, max(request_s, _START_FLOORS[6]), max(handoff_s, _START_FLOORS[7])]
+    whole = longest * longest / 2
+    prefill_longest = cost.step_time(longest, whole, 0, 0, whole) - cost.coefficients[0]
     starts = [own]
     for quadratic_share in (0.0, 0.5):
         for overhead_share in (0.1, 0.5):
             linear = (1 - quadratic_share) * prefill_longest / longest
-            attention = max(quadratic_share * prefill_longest / (longest * longest / 2), _START_FLOORS[2])
-            starts.append([c0, linear, attention, c3, c4, overhead_share * ttft_floor_s, own[6]])
+            per_pair = quadratic_share * prefill_longest / whole
+            attention, fresh = (max(per_pair * c2 / (c2 + c5), _START_FLOORS[2]),
+                                max(per_pair * c5 / (c2 + c5), _START_FLOORS[5]))
+            starts.append([c0, linear, attention, c3, c4, fresh, overhead_share * ttft_floor_s, own[7]])
     return starts
 
 
@@ -263,14 +268,15 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                      if m["ttft_ms"]["p50"]) / 1e3
     longest = max(row.prompt_tokens for r in replays for row in r.rows)
 
-    # With reads gated by the sender, how fast one moves while the sender computes is fitted too (x[8]).
+    # x: the six cost coefficients, request and hand-off overheads, link bandwidth, and with reads gated by the
+    # sender, how fast one moves while the sender computes (x[9]).
     busy_start = [start_overheads.busy_sender_bytes_per_s or DEFAULT_BUSY_SENDER_BYTES_PER_S] if sender_gated else []
 
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
-        return FittedCost(tuple(float(v) for v in values[:5])), ServingOverheads(  # type: ignore[arg-type]
-            float(values[5]), float(values[6]), jitter, sender_gated,
-            float(values[8]) if sender_gated else 0.0), float(values[7])
+        return FittedCost(tuple(float(v) for v in values[:6])), ServingOverheads(
+            float(values[6]), float(values[7]), jitter, sender_gated,
+            float(values[9]) if sender_gated else 0.0), float(values[8])
 
     transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 

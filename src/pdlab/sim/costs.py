@@ -1,11 +1,16 @@
 """Cost models: how long one scheduler step and one KV transfer take. The one place for the formulas.
 
-A step is described by four numbers (the `StepLoad` features), the same for every cost model:
+A step is described by these numbers, the same for every cost model:
 - `prefill_tokens`: prompt tokens computed in the step (chunks of one or more prompts);
 - `prefill_attention`: sum over those chunks of `chunk * (already_computed + chunk / 2)`, the number of
   query-key pairs causal attention touches (grows quadratically with prompt length);
 - `decode_seqs`: sequences producing one token each;
-- `decode_context`: sum of those sequences' context lengths (attention reads the whole KV cache).
+- `decode_context`: sum of those sequences' context lengths (attention reads the whole KV cache);
+- `fresh_attention`: the part of `prefill_attention` in chunks that start a prompt (nothing of it cached yet).
+  On pdlab's CPU tier such a chunk costs more per pair than one that reads cached context: pdlab-small on one
+  core, idle (`pdlab bench prefill`, data/results/prefill/), prefills 2,048 tokens in ~775 ms, and the next 952
+  tokens of the same prompt (more pairs, half the tokens) in ~435 ms; one price per pair puts that ratio at 1.6,
+  measured 1.8, and loaded runs show the same (886 and 490 ms between a stream's tokens, hol-blocking colocated).
 
 `RooflineCost` turns them into time from a hardware and a model shape; `FittedCost` is a linear model in the same
 features, fitted by least squares on measured step times (`fit_profile`).
@@ -22,12 +27,14 @@ import numpy as np
 
 from pdlab.sim.catalog import Hardware, Link, ModelShape
 
-FEATURES = ("constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
+FEATURES = ("constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context", "fresh_attention")
+#: Profiles written before `fresh_attention` existed: read with its coefficient 0 (one price for every pair).
+_FEATURES_BEFORE_FRESH = FEATURES[:5]
 
 
 def step_features(prefill_tokens: float, prefill_attention: float, decode_seqs: float,
-                  decode_context: float) -> tuple[float, float, float, float, float]:
-    return (1.0, prefill_tokens, prefill_attention, decode_seqs, decode_context)
+                  decode_context: float, fresh_attention: float = 0.0) -> tuple[float, ...]:
+    return (1.0, prefill_tokens, prefill_attention, decode_seqs, decode_context, fresh_attention)
 
 
 def chunk_attention(chunk: int, already_computed: int) -> float:
@@ -39,7 +46,7 @@ class StepCost(Protocol):
     """Anything that prices a scheduler step, in seconds."""
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
-                  decode_context: int) -> float: ...
+                  decode_context: int, fresh_attention: float = 0.0) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class RooflineCost:
         object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3)
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
-                  decode_context: int) -> float:
+                  decode_context: int, fresh_attention: float = 0.0) -> float:
+        # FLOPs and bytes do not depend on whether a chunk starts its prompt: `fresh_attention` is not priced.
         tokens = prefill_tokens + decode_seqs
         if tokens == 0:
             return 0.0
@@ -81,16 +89,25 @@ class RooflineCost:
 
 @dataclass(frozen=True)
 class FittedCost:
-    """step_time = coefficients . step_features(...), fitted on measured steps of one machine and model."""
+    """step_time = coefficients . step_features(...), fitted on measured steps of one machine and model.
+    Five coefficients (a profile from before `fresh_attention`) price every attention pair alike."""
 
-    coefficients: tuple[float, float, float, float, float]
+    coefficients: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.coefficients) == len(_FEATURES_BEFORE_FRESH):
+            object.__setattr__(self, "coefficients", (*self.coefficients, 0.0))
+        if len(self.coefficients) != len(FEATURES):
+            raise ValueError(f"a fitted cost needs {len(FEATURES)} coefficients ({', '.join(FEATURES)}), "
+                             f"got {len(self.coefficients)}")
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
-                  decode_context: int) -> float:
+                  decode_context: int, fresh_attention: float = 0.0) -> float:
         if prefill_tokens == 0 and decode_seqs == 0:
             return 0.0
-        c0, c1, c2, c3, c4 = self.coefficients
-        return c0 + c1 * prefill_tokens + c2 * prefill_attention + c3 * decode_seqs + c4 * decode_context
+        c0, c1, c2, c3, c4, c5 = self.coefficients
+        return (c0 + c1 * prefill_tokens + c2 * prefill_attention + c3 * decode_seqs + c4 * decode_context
+                + c5 * fresh_attention)
 
 
 @dataclass(frozen=True)
@@ -107,7 +124,8 @@ class CalibrationPoint:
 
     def features(self) -> tuple[float, ...]:
         attention = chunk_attention(self.prefill_tokens, self.prefill_context) if self.prefill_tokens else 0.0
-        return step_features(self.prefill_tokens, attention, self.decode_seqs, self.decode_seqs * self.decode_context)
+        return step_features(self.prefill_tokens, attention, self.decode_seqs, self.decode_seqs * self.decode_context,
+                             attention if self.prefill_context == 0 else 0.0)
 
 
 def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
@@ -216,7 +234,8 @@ def load_profile(path: str | Path) -> tuple[FittedCost, dict]:
     """Read a fitted profile JSON (as written by `pdlab sim calibrate` or `fit_profile`); its serving overheads,
     if any, are `ServingOverheads.from_json(profile.get("overheads"))`."""
     profile = json.loads(Path(path).read_text())
-    if profile.get("kind") != "fitted" or list(profile.get("features", [])) != list(FEATURES):
+    if profile.get("kind") != "fitted" or list(profile.get("features", [])) not in (list(FEATURES),
+                                                                                    list(_FEATURES_BEFORE_FRESH)):
         raise ValueError(f"{path}: not a pdlab fitted cost profile (kind 'fitted' with features {FEATURES})")
     return FittedCost(tuple(profile["coefficients"])), profile  # type: ignore[arg-type]
 

@@ -275,7 +275,8 @@ class Simulation:
             return None
         prefill_tokens = sum(chunk for _, chunk in chunks)
         attention = sum(chunk_attention(chunk, request.computed) for request, chunk in chunks)
-        return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context)
+        fresh = sum(chunk_attention(chunk, 0) for request, chunk in chunks if request.computed == 0)
+        return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context, fresh)
 
     def _end_step(self, inst: Instance, chunks: list) -> None:
         now = self.now
