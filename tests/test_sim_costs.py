@@ -118,3 +118,10 @@ def test_calibration_measures_the_tiny_model_and_fits_it() -> None:
     # more prompt costs more time: the fit must say so, as the measurements do
     assert cost.step_time(256, 256 * 128, 0, 0) > cost.step_time(32, 32 * 16, 0, 0)
     assert profile["environment"]["python"] and profile["dtype_bytes"] == 4
+
+
+def test_without_a_chunk_after_cached_context_every_pair_gets_one_price() -> None:
+    truth = FittedCost((0.004, 4e-4, 3e-8, 1e-3, 2e-7))
+    whole_prompts = [p for p in grid_points(truth) if p.prefill_context == 0]
+    fitted = fit_coefficients(whole_prompts)
+    assert fitted[5] == 0 and fitted == pytest.approx(truth.coefficients, rel=1e-6)

@@ -147,8 +147,9 @@ DEFAULT_START_PROFILE = "pdlab-small-vllm-cpu"
 DEFAULT_BUSY_SENDER_BYTES_PER_S = 60e6
 """Where the fit starts a read's speed beside a computing sender: `pdlab bench transfer`'s median (50 MB in 0.86 s
 while the prefill instance prefilled another prompt)."""
-#: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s, s): a coefficient the
-#: start profile has at zero is searched from here (the search is in log space, so it cannot start at zero).
+#: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s/fresh pair, s, s): a
+#: coefficient the start profile has at zero is searched from here (the search is in log space, so it cannot start
+#: at zero).
 _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 1e-11, 5e-3, 5e-3)
 
 

@@ -10,7 +10,7 @@ A step is described by these numbers, the same for every cost model:
   On pdlab's CPU tier such a chunk costs more per pair than one that reads cached context: pdlab-small on one
   core, idle (`pdlab bench prefill`, data/results/prefill/), prefills 2,048 tokens in ~775 ms, and the next 952
   tokens of the same prompt (more pairs, half the tokens) in ~435 ms; one price per pair puts that ratio at 1.6,
-  measured 1.8, and loaded runs show the same (886 and 490 ms between a stream's tokens, hol-blocking colocated).
+  measured 1.8, and loaded runs show the same (887 and 490 ms between a stream's tokens, hol-blocking colocated).
 
 `RooflineCost` turns them into time from a hardware and a model shape; `FittedCost` is a linear model in the same
 features, fitted by least squares on measured step times (`fit_profile`).
@@ -140,6 +140,9 @@ def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
         raise ValueError("calibration step times must be positive")
     weights = 1.0 / y
     active = [i for i in range(x.shape[1]) if np.any(x[:, i] != 0)]
+    fresh, pairs = FEATURES.index("fresh_attention"), FEATURES.index("prefill_attention")
+    if np.array_equal(x[:, fresh], x[:, pairs]):  # no chunk read cached context: one price for every pair
+        active = [i for i in active if i != fresh]
     while True:
         solution, *_ = np.linalg.lstsq(x[:, active] * weights[:, None], y * weights, rcond=None)
         if np.all(solution >= 0) or len(active) == 1:
