@@ -274,8 +274,12 @@ class Simulation:
         if not chunks and not inst.running:
             return None
         prefill_tokens = sum(chunk for _, chunk in chunks)
-        attention = sum(chunk_attention(chunk, request.computed) for request, chunk in chunks)
-        fresh = sum(chunk_attention(chunk, 0) for request, chunk in chunks if request.computed == 0)
+        attention = fresh = 0.0  # all pairs, and those of chunks that start their prompt (one pass: a hot path)
+        for request, chunk in chunks:
+            pairs = chunk_attention(chunk, request.computed)
+            attention += pairs
+            if request.computed == 0:
+                fresh += pairs
         return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context, fresh)
 
     def _end_step(self, inst: Instance, chunks: list) -> None:
