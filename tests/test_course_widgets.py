@@ -81,9 +81,9 @@ def sim_spec() -> SimSpec:
 
 def test_sim_panel_resimulates_on_every_change(sim_spec: SimSpec) -> None:
     panel = SimPanel(sim_spec)
-    assert "2P6D" in panel.figure.layout.title.text and panel.summary["paths"]["disaggregated"] > 0
+    assert "4P4D" in panel.figure.layout.title.text and panel.summary["paths"]["disaggregated"] > 0
     panel.prefill.value = 0
-    assert "6 colocated" in panel.figure.layout.title.text
+    assert "4 colocated" in panel.figure.layout.title.text
     assert panel.summary["paths"]["disaggregated"] == 0
     panel.rate.value = 5
     assert "5 req/s" in panel.figure.layout.title.text
