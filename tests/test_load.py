@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 
+import httpx
 import pytest
 
 from pdlab.config import parse_workload
@@ -48,6 +49,24 @@ def test_streams_are_timed_token_by_token(builder, tmp_path, api):
     assert stats[("TTFT", "short")] == 6
     assert stats[("ITL", "short")] == 6 * 9
     assert stats[("E2E", "short")] == 6
+
+
+def test_a_burst_reaches_the_server_in_schedule_order(builder, tmp_path):
+    """Requests due at one instant (a trace's tied timestamps) must arrive in schedule order: a burst at the start,
+    and one after the server closed the idle connections and while it is busy (a blocking prefill). Users sleeping
+    until one instant wake in no particular order, and used to send in it."""
+    burst = ["hello"] * 8
+    prompts = [*burst, "word " * 4000, *burst]  # the long one blocks the server for 0.4 s from 1.8 s on
+    offsets = [0.0] * 8 + [1.8] + [2.0] * 8
+    items = [ScheduledRequest(f"r{i:05d}", offset, "short", prompt, len(prompt.split()) + 1, 2)
+             for i, (offset, prompt) in enumerate(zip(offsets, prompts, strict=True))]
+    schedule = write_schedule(items, tmp_path / "schedule.jsonl")
+    with standin(next(PORTS), "--keep-alive-s", "1", "--blocking-prefill", "--prefill-us-per-token", "100") as url:
+        result = run_load(url, schedule, tmp_path, "pdlab-standin", progress=False)
+        received = [r["request_id"] for r in httpx.get(url + "/standin/records").json()["requests"]
+                    if r["path"] == "/v1/completions"]
+    assert result.recorded == len(items)
+    assert received == [item.request_id for item in items]
 
 
 def test_http_failures_are_counted_exactly(builder, tmp_path):

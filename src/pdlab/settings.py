@@ -32,6 +32,11 @@ ADMIN_TOKEN_ENV = "PDLAB_ADMIN_TOKEN"
 VLLM_CPU_MAX_NUM_BATCHED_TOKENS = 2048
 VLLM_CPU_MAX_NUM_SEQS = 128
 
+#: Seconds pdlab's servers (router, local vLLM instances) and the router's upstream pool keep an idle HTTP connection
+#: (uvicorn's and vLLM's default: 5). A replayed trace is quiet for tens of seconds between bursts; a burst sent over
+#: new connections reached vLLM back to front (measured: tied requests served last-first), so they stay open.
+HTTP_KEEP_ALIVE_S = 300
+
 #: Seconds an instance may take to become healthy before pdlab gives up (vLLM CPU start-up is ~100 s on 2 cores).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 

@@ -275,6 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--die-after-tokens", type=int, default=None,
                         help="exit the process after streaming this many tokens (simulates a crash)")
     parser.add_argument("--fail-every", type=int, default=0, help="answer every Nth request with HTTP 500")
+    parser.add_argument("--keep-alive-s", type=float, default=5.0,
+                        help="close a connection idle this long after a response (uvicorn's and vLLM's default: 5)")
     parser.add_argument("--blocking-prefill", action="store_true",
                         help="do the prefill delay blocking the whole server, so every running stream stalls "
                              "meanwhile (head-of-line blocking as in a colocated engine)")
@@ -299,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     args = parse_args(argv)
-    uvicorn.run(build_app(args), host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(build_app(args), host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_keep_alive=args.keep_alive_s)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec
-from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT
+from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT, HTTP_KEEP_ALIVE_S
 
 
 class PlanError(ValueError):
@@ -147,6 +147,7 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
         # inversion), freezing every stream for 0.4-1.6 s. A mutex lets the waiter sleep so the holder runs at
         # once. Measured on the hol-blocking load: NIXL post time 1.40 -> 0.18 s, short ITL max 1,252 -> 55 ms.
         "UCX_USE_MT_MUTEX": "y" if spec.connector.ucx_mutex else "n",
+        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(HTTP_KEEP_ALIVE_S),
         # Block hashes must agree across instances for KV-aware routing and prefix reuse.
         "PYTHONHASHSEED": "0",
         "VLLM_NO_USAGE_STATS": "1",

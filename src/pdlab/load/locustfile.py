@@ -8,16 +8,19 @@ gevent, which breaks Jupyter kernels and asyncio code.
 
 Each user takes the next request of the shared schedule and sleeps until its send time, so arrivals follow
 the schedule, not the server's speed (open loop); a request sent late because every user was busy shows up in
-the `late_s` column. Besides the raw rows, TTFT, ITL and E2E are fired as locust request events (request types
-`TTFT`, `ITL`, `E2E`, named by class) so locust's own stats and CSV carry them.
+the `late_s` column. Requests due at one instant go out in schedule order (`Feed.wait_turn`), each over an open
+connection (`ScheduledUser.warm`). Besides the raw rows, TTFT, ITL and E2E are fired as locust request events
+(request types `TTFT`, `ITL`, `E2E`, named by class) so locust's own stats and CSV carry them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import gevent
+import requests
 from gevent.event import Event
 from locust import HttpUser, events, task
 from locust.exception import StopUser
@@ -27,6 +30,15 @@ from pdlab.load.rows import RowWriter
 from pdlab.load.schedule import ScheduledRequest, read_schedule
 from pdlab.load.sse import StreamRecord
 from pdlab.settings import PATH_HEADER, PREFILL_MS_HEADER, REQUEST_ID_HEADER
+
+#: The longest a request waits for the one due at the same instant before it (`Feed.wait_turn`).
+_TIE_WAIT_S = 0.05
+#: A user whose connection will have idled this long by its next send (or that has none yet) opens it first:
+#: requests sent over new connections at one instant reached vLLM last-first (measured on a tied burst), and
+#: servers close idle connections (uvicorn and vLLM after 5 s unless told otherwise: settings.HTTP_KEEP_ALIVE_S).
+_WARM_IF_IDLE_S = 1.0
+#: How long before its send time such a user opens the connection.
+_WARM_LEAD_S = 0.5
 
 
 @events.init_command_line_parser.add_listener
@@ -49,17 +61,27 @@ class Feed:
         self.finished = 0
         self.t0: float | None = None
         self.all_done = Event()
+        self.sent = [Event() for _ in schedule]
+        """Set as each request goes out: requests due at one instant go in schedule order (`wait_turn`)."""
         if not schedule:
             self.all_done.set()
 
-    def take(self) -> ScheduledRequest | None:
+    def take(self) -> tuple[int, ScheduledRequest] | None:
         if self.t0 is None:
             self.t0 = time.perf_counter()  # the load begins when the first user asks for work
         if self.next_index >= len(self.schedule):
             return None
-        item = self.schedule[self.next_index]
+        index = self.next_index
         self.next_index += 1
-        return item
+        return index, self.schedule[index]
+
+    def wait_turn(self, index: int) -> None:
+        """Let the request before `index` go first when both are due at the same instant. Users sleeping until
+        one instant wake in no particular order (gevent's timers count from each user's own "now"); a trace's
+        tied timestamps must still arrive as the trace lists them. Bounded: a late predecessor does not hold
+        this one back for long."""
+        if index and self.schedule[index - 1].offset_s == self.schedule[index].offset_s:
+            self.sent[index - 1].wait(timeout=_TIE_WAIT_S)
 
     def finish(self, row: dict[str, Any]) -> None:
         self.rows.write(row)
@@ -99,20 +121,46 @@ class ScheduledUser(HttpUser):
     """Sends the next scheduled request at its time, streams the answer, records one row."""
 
     feed: Feed
+    idle_since: float = float("-inf")
+    """When this user's connection last finished an exchange (-inf: it has none yet)."""
 
     def wait_time(self) -> float:
         return 0.0
 
+    def on_start(self) -> None:
+        self.warm()
+
     @task
     def send_next(self) -> None:
-        item = self.feed.take()
-        if item is None:
+        taken = self.feed.take()
+        if taken is None:
             raise StopUser()
+        index, item = taken
         assert self.feed.t0 is not None
-        delay = self.feed.t0 + item.offset_s - time.perf_counter()
+        send_at = self.feed.t0 + item.offset_s
+        if send_at - self.idle_since > _WARM_IF_IDLE_S:
+            gevent.sleep(max(0.0, send_at - _WARM_LEAD_S - time.perf_counter()))
+            self.warm()
+        delay = send_at - time.perf_counter()
         if delay > 0:
             gevent.sleep(delay)
+        self.feed.wait_turn(index)
+        # No greenlet switch between this and the request's bytes leaving on an open connection (`send` records its
+        # start, then writes; pdlab's servers keep idle connections, settings.HTTP_KEEP_ALIVE_S), so the next
+        # request of a tie cannot overtake this one.
+        self.feed.sent[index].set()
         self.feed.finish(self.send(item))
+        self.idle_since = time.perf_counter()
+
+    def warm(self) -> None:
+        """Open (or re-open) the connection with a GET of the OpenAI model list, which every server here answers.
+        Sent with requests' own Session.send: the same connection pool, but no locust request event, so locust's
+        statistics hold the schedule's requests only."""
+        # Whatever fails is ignored (the send opens its own): a user that raised here would stop, and its share of
+        # the load with it.
+        with contextlib.suppress(Exception):
+            self.client.send(requests.Request("GET", f"{self.host}/v1/models").prepare(), timeout=5).close()
+        self.idle_since = time.perf_counter()
 
     def body(self, item: ScheduledRequest) -> tuple[str, dict[str, Any]]:
         options = self.environment.parsed_options

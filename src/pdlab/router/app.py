@@ -45,6 +45,7 @@ from pdlab.router.validation import RequestError, check_prompt_length, check_req
 from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DECODE_REPLICA_HEADER,
+    HTTP_KEEP_ALIVE_S,
     PATH_HEADER,
     PREFILL_MS_HEADER,
     PREFILL_REPLICA_HEADER,
@@ -136,7 +137,7 @@ class Router:
         # No total timeout (a long generation is fine); bounded connect, and bounded silence between bytes.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(5.0, self.spec.upstream_timeout_s),
                                         sock_read=self.spec.upstream_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=HTTP_KEEP_ALIVE_S)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
                                          cookie_jar=aiohttp.DummyCookieJar()) as client:  # upstreams set no cookies
             self.client = client

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from pdlab.config.base import ConfigError, validate
 from pdlab.config.router import LMCacheReceiverPorts, RouterSpec
-from pdlab.settings import DEFAULT_HOST, DEFAULT_ROUTER_PORT, DEFAULT_ROUTING_THRESHOLD
+from pdlab.settings import DEFAULT_HOST, DEFAULT_ROUTER_PORT, DEFAULT_ROUTING_THRESHOLD, HTTP_KEEP_ALIVE_S
 
 app = typer.Typer(help="Run the P/D router in front of a deployment.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -78,7 +78,8 @@ def serve(
                           lmcache_receiver=receiver)
     uvicorn.run(build_app(spec, upstreams), host=spec.host, port=spec.port, log_level="warning",
                 access_log=False, loop="uvloop", http="httptools", proxy_headers=False, server_header=False,
-                timeout_graceful_shutdown=5)  # a launcher stopping us must not wait on open streams
+                timeout_graceful_shutdown=5,  # a launcher stopping us must not wait on open streams
+                timeout_keep_alive=HTTP_KEEP_ALIVE_S)
 
 
 def _receiver_ports(spec: RouterSpec, init_ports: str | None, alloc_ports: str | None
