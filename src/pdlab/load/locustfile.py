@@ -76,12 +76,15 @@ class Feed:
         return index, self.schedule[index]
 
     def wait_turn(self, index: int) -> None:
-        """Let the request before `index` go first when both are due at the same instant. Users sleeping until
-        one instant wake in no particular order (gevent's timers count from each user's own "now"); a trace's
-        tied timestamps must still arrive as the trace lists them. Bounded: a late predecessor does not hold
-        this one back for long."""
+        """Let the request before `index` go first when both are due at the same instant, then mark `index` as
+        going: the caller sends it next, with no greenlet switch before its bytes leave on an open connection
+        (`send` records its start, then writes; pdlab's servers keep idle connections, settings.HTTP_KEEP_ALIVE_S).
+        Users sleeping until one instant wake in no particular order (gevent's timers count from each user's own
+        "now"); a trace's tied timestamps must still arrive as the trace lists them. Bounded: a late predecessor
+        does not hold this one back for long."""
         if index and self.schedule[index - 1].offset_s == self.schedule[index].offset_s:
             self.sent[index - 1].wait(timeout=_TIE_WAIT_S)
+        self.sent[index].set()
 
     def finish(self, row: dict[str, Any]) -> None:
         self.rows.write(row)
@@ -145,10 +148,6 @@ class ScheduledUser(HttpUser):
         if delay > 0:
             gevent.sleep(delay)
         self.feed.wait_turn(index)
-        # No greenlet switch between this and the request's bytes leaving on an open connection (`send` records its
-        # start, then writes; pdlab's servers keep idle connections, settings.HTTP_KEEP_ALIVE_S), so the next
-        # request of a tie cannot overtake this one.
-        self.feed.sent[index].set()
         self.feed.finish(self.send(item))
         self.idle_since = time.perf_counter()
 
