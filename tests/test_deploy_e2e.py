@@ -57,7 +57,7 @@ def test_pd_greedy_output_matches_colocated_and_kv_moves(live_1p1d):
 
     streamed = pd_completion(*pd_urls(dep), dep.served_model, prompt, max_tokens=24, stream=True)
     assert streamed.text == reference["choices"][0]["text"]
-    assert len(streamed.token_times_s) >= 2
+    assert len(streamed.token_times_s) == streamed.completion_tokens == 24
 
     moved = metric_sum(dep.urls('decode')[0], "vllm:nixl_bytes_transferred_sum") - bytes_before
     assert moved > 0, "the decode instance reports no NIXL bytes transferred"

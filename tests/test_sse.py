@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pdlab.load.sse import StreamRecord
+from pdlab.sse import StreamRecord
 
 
 def event(payload: dict) -> bytes:
@@ -42,3 +42,23 @@ def test_error_inside_stream_is_kept():
     record.feed("data: [DONE]", 0.3)
     assert record.error == "KV transfer failed"
     assert not record.complete
+
+
+def test_a_chunk_carrying_two_tokens_counts_both_by_the_running_usage():
+    """vLLM merges a lagging stream's deltas into one chunk; its running usage (continuous_usage_stats) says so."""
+    record = StreamRecord()
+    for text, running, at in [("a", 1, 0.5), ("bc", 3, 0.9), ("d", 4, 1.0)]:
+        usage = {"prompt_tokens": 12, "completion_tokens": running}
+        record.feed(event({"choices": [{"index": 0, "text": text, "finish_reason": None}], "usage": usage}), at)
+    record.feed(event({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 4}}), 1.0)
+    assert record.token_times == [0.5, 0.9, 0.9, 1.0]
+    assert record.usage_completion_tokens == 4
+
+
+def test_a_chat_role_chunk_carries_no_token():
+    record = StreamRecord()
+    usage = {"prompt_tokens": 5, "completion_tokens": 0}
+    record.feed(event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": usage}), 0.4)
+    usage = {"prompt_tokens": 5, "completion_tokens": 1}
+    record.feed(event({"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": usage}), 0.5)
+    assert record.token_times == [0.5]

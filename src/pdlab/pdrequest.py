@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from pdlab.sse import STREAM_OPTIONS, StreamRecord
+
 #: What the prefill request carries: "keep this KV cache for a remote decoder".
 PREFILL_KV_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -155,31 +157,25 @@ async def pd_completion_async(
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                             "stream": stream, "ignore_eos": True, **(extra or {})}
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = STREAM_OPTIONS
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         start = time.perf_counter()
         prefilled = await prefill(client, prefill_url, "/v1/completions", body)
         prefill_s = time.perf_counter() - start
         params = prefilled.get("kv_transfer_params")
-        pieces: list[str] = []
         token_times: list[float] = []
         usage: dict[str, Any] = {}
         if stream:
-            buffer = b""
+            record, buffer = StreamRecord(), b""
             async for chunk in stream_decode(client, decode_url, "/v1/completions", decode_body(body, params)):
                 buffer += chunk
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    data = event.decode().removeprefix("data: ").strip()
-                    if not data or data == "[DONE]":
-                        continue
-                    payload = json.loads(data)
-                    usage = payload.get("usage") or usage
-                    for choice in payload.get("choices", []):
-                        if choice.get("text"):
-                            pieces.append(choice["text"])
-                            token_times.append(time.perf_counter() - start)
-            text, token_ids = "".join(pieces), None
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    record.feed(line, time.perf_counter() - start)
+            if record.error:
+                raise UpstreamError("decode", record.error)
+            usage = {"prompt_tokens": record.usage_prompt_tokens, "completion_tokens": record.usage_completion_tokens}
+            text, token_ids, token_times = record.text, None, record.token_times
         else:
             raw = b"".join([c async for c in stream_decode(client, decode_url, "/v1/completions",
                                                            decode_body(body, params))])

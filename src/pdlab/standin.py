@@ -200,7 +200,9 @@ def build_app(args: argparse.Namespace) -> Starlette:
                        "kv_transfer_params": kv_out}
             return JSONResponse(payload, headers={"x-request-id": request_id, **kv_header})
 
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        stream_options = body.get("stream_options") or {}
+        include_usage = bool(stream_options.get("include_usage"))
+        running_usage = include_usage and bool(stream_options.get("continuous_usage_stats"))
 
         async def events():
             running.labels(args.model).inc()
@@ -218,6 +220,8 @@ def build_app(args: argparse.Namespace) -> Starlette:
                     chunk = {"id": request_id, "object": obj + ".chunk" if chat else obj, "created": created,
                              "model": args.model, "choices": [choice_piece(i, WORDS[i % len(WORDS)] + " ", finish,
                                                                            True)]}
+                    if running_usage:  # vLLM's continuous_usage_stats: the tokens generated so far
+                        chunk["usage"] = {**usage, "completion_tokens": i + 1, "total_tokens": prompt_tokens + i + 1}
                     yield f"data: {json.dumps(chunk)}\n\n"
                 if include_usage:
                     yield f"data: {json.dumps({'id': request_id, 'object': obj, 'choices': [], 'usage': usage})}\n\n"

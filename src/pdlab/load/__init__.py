@@ -14,7 +14,7 @@ from pdlab.load.prompts import PromptBuilder, PromptError
 from pdlab.load.rows import COLUMNS, FAILED_STATUSES, RowWriter, read_rows, rows_frame
 from pdlab.load.run import LoadResult, run_load
 from pdlab.load.schedule import ScheduledRequest, build_schedule, read_schedule, write_schedule
-from pdlab.load.sse import StreamRecord
+from pdlab.sse import StreamRecord
 
 __all__ = [
     "COLUMNS",

@@ -28,8 +28,8 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from pdlab.load.rows import RowWriter
 from pdlab.load.schedule import ScheduledRequest, read_schedule
-from pdlab.load.sse import StreamRecord
 from pdlab.settings import PATH_HEADER, PREFILL_MS_HEADER, REQUEST_ID_HEADER
+from pdlab.sse import STREAM_OPTIONS, StreamRecord
 
 #: The longest a request waits for the one due at the same instant before it (`Feed.wait_turn`).
 _TIE_WAIT_S = 0.05
@@ -164,7 +164,7 @@ class ScheduledUser(HttpUser):
     def body(self, item: ScheduledRequest) -> tuple[str, dict[str, Any]]:
         options = self.environment.parsed_options
         common = {"model": options.pdlab_model, "max_tokens": item.max_tokens, "temperature": 0.0,
-                  "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                  "ignore_eos": True, "stream": True, "stream_options": STREAM_OPTIONS}
         if options.pdlab_api == "chat":
             return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": item.prompt}]}
         return "/v1/completions", {**common, "prompt": item.prompt}
