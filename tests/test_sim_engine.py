@@ -178,6 +178,23 @@ def test_a_profile_with_step_variation_as_a_factor_is_refused_with_what_to_do() 
     assert not ServingOverheads.from_json({}).transfer_waits_for_sender  # not unless a profile says so
 
 
+@pytest.mark.parametrize("admission_s", [0.0, 0.002])
+def test_requests_arriving_while_an_idle_instance_wakes_share_its_first_step(admission_s: float) -> None:
+    """Two prompts 1 ms apart at an idle instance: with a 2 ms admission window the first step, begun 2 ms after the
+    first arrived, takes both (first tokens together); without one, the second waits for the first's step."""
+    alone = instance("c", "colocated")
+    overheads = ServingOverheads(admission_s={"colocated": admission_s, "decode": 1.0})  # another role's: unused
+    sim = Simulation(router=RouterSettings(), colocated=[alone], overheads=overheads)
+    first, second = sim.run([Arrival(0.0, 100, 2, "short"), Arrival(0.001, 200, 2, "short")])
+    if admission_s:
+        both = COST.step_time(300, chunk_attention(100, 0) + chunk_attention(200, 0), 0, 0,
+                              chunk_attention(100, 0) + chunk_attention(200, 0))
+        assert token_times(first)[0] == token_times(second)[0] == pytest.approx(admission_s + both)
+    else:
+        assert token_times(first)[0] == pytest.approx(first_chunk(100))
+        assert token_times(second)[0] > token_times(first)[0] + first_chunk(200) * 0.9
+
+
 def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:
     inst = instance("colocated-0", "colocated")
     sim = Simulation(router=RouterSettings(), colocated=[inst])

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from pdlab.cli import app
 from pdlab.config.sim import SimSpec
-from pdlab.sim.costs import CalibrationPoint, FittedCost, fit_profile
+from pdlab.sim.costs import CalibrationPoint, FittedCost, ServingOverheads, fit_profile
 from pdlab.sim.scenario import simulate
 from pdlab.sim.summary import token_times
 from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, sampling_intervals, validate_runs
@@ -206,6 +206,24 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
     assert report["max_error_pct"] < 10, report
 
 
+def test_the_admission_window_is_held_through_the_fit_and_recorded(tmp_path: Path) -> None:
+    """`pdlab bench admission`'s windows are measured, not fitted: the fit simulates with them and the profile keeps
+    them (with their source), so the validation replays what was fitted."""
+    from pdlab.sim.calibrate import fit_to_runs
+
+    truth = write_profile(tmp_path / "truth.json", TRUTH)
+    admission_ms = {"colocated": 0.5, "prefill": 2.0, "decode": 2.0}
+    runs = [write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
+                                     calibration_requests())]
+    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=60, admission_ms=admission_ms,
+                         admission_sources=["admission.json"])
+    assert fitted["overheads"]["admission_ms"] == admission_ms
+    assert fitted["admission_probe"] == {"sources": ["admission.json"], "window_ms": admission_ms}
+    assert fitted["source"].endswith(" --admission-probe admission.json")
+    assert ServingOverheads.from_json(fitted["overheads"]).admission_s == {role: ms / 1e3
+                                                                          for role, ms in admission_ms.items()}
+
+
 def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold(tmp_path: Path) -> None:
     """`pdlab run` of a sweep writes `<scenario>@<value>/rows.csv` and one `<scenario>/deployment/`."""
     from pdlab.load.rows import COLUMNS
@@ -273,6 +291,9 @@ def test_the_prefill_probe_is_predicted_as_one_request_chunked_by_the_token_budg
     assert VLLM_CPU_MAX_NUM_BATCHED_TOKENS == 2048
     assert probe_ttft(cost, overheads, 1000) == pytest.approx(0.005 + 0.01 + 1.0)
     assert probe_ttft(cost, overheads, 3000) == pytest.approx(0.005 + (0.01 + 2.048) + (0.01 + 0.952))
+    # the probe's idle instance (colocated) waits its admission window before the first step
+    waiting = ServingOverheads(request_s=0.005, admission_s={"colocated": 0.002, "decode": 0.5})
+    assert probe_ttft(cost, waiting, 1000) == pytest.approx(0.005 + 0.002 + 0.01 + 1.0)
 
 
 def test_a_prefill_probe_needs_runs_to_fit_with(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pdlab.benchmarks.admission import DEFAULT_GAPS_MS as ADMISSION_GAPS_MS
 from pdlab.benchmarks.prefill import DEFAULT_LENGTHS as PREFILL_LENGTHS
 from pdlab.cluster.cli import app as cluster_app
 from pdlab.experiment import cli as experiment_cli
@@ -219,6 +220,56 @@ def bench_prefill(
         raise typer.Exit(code=1) from None
     for point in result["points"]:
         console.print(f"{point['prompt_tokens']:>6} tokens: {point['ttft_s'] * 1e3:8.1f} ms")
+    console.print(f"written: {result['path']}")
+
+
+@bench_app.command("admission")
+def bench_admission(
+    lab: Path = typer.Argument(Path("labs/local-1p1d.yaml"),
+                               help="Lab spec whose deployment to start and probe (each instance in turn)."),
+    url: str = typer.Option(None, help="Probe this running instance instead of starting the lab's deployment."),
+    role: str = typer.Option(None, help="With --url: the instance's role (colocated, prefill or decode)."),
+    gaps: str = typer.Option(",".join(f"{g:g}" for g in ADMISSION_GAPS_MS),
+                             help="Milliseconds between a pair's two sends, comma-separated, ascending."),
+    repeats: int = typer.Option(6, min=1, help="Pairs per gap."),
+    prompt_words: int = typer.Option(300, min=1, help="Words per prompt (about one token each)."),
+    out: Path = typer.Option(None, help="Output JSON (default: data/results/admission/<timestamp>.json)."),
+) -> None:
+    """Send pairs of prompts to an idle instance a few milliseconds apart and count how often they share its first
+    step: the simulator's admission window per instance role (`pdlab sim calibrate --from-runs ...
+    --admission-probe FILE`)."""
+    from pdlab.benchmarks import admission
+    from pdlab.deploy import Deployment
+
+    try:
+        wanted = [float(part) for part in gaps.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{gaps!r}: want comma-separated numbers", param_hint="--gaps") from None
+    if not wanted or sorted(wanted) != wanted or wanted[0] < 0:
+        raise typer.BadParameter(f"{gaps!r}: want non-negative gaps in ascending order", param_hint="--gaps")
+    if url and role not in ("colocated", "prefill", "decode"):
+        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: colocated, prefill or decode",
+                                 param_hint="--role")
+    try:
+        if url:
+            result = admission.run([("instance", role, url.rstrip("/"))], wanted, repeats=repeats,
+                                   prompt_tokens=prompt_words, out=out)
+        else:
+            spec = _load_deployment(lab)
+            with Deployment(spec, console=console) as dep:
+                targets = [(inst.spec.name, inst.spec.role, inst.url) for inst in dep.instances]
+                console.print(f"probing {', '.join(name for name, _, _ in targets)} in turn")
+                result = admission.run(targets, wanted, repeats=repeats, prompt_tokens=prompt_words, out=out,
+                                       deployment=spec.name)
+    except admission.ProbeError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    for instance in result["instances"]:
+        shared = ", ".join(f"{row['gap_ms']:g} ms {sum(row['shared'])}/{len(row['shared'])}"
+                           for row in instance["gaps"])
+        censored = " (at least: the widest gap still shared; probe wider gaps)" if instance["window_censored"] else ""
+        console.print(f"{instance['name']} ({instance['role']}): shared the first step at {shared}; "
+                      f"window {instance['window_ms']:.1f} ms{censored}")
     console.print(f"written: {result['path']}")
 
 

@@ -73,6 +73,7 @@ def probe(url: str, lengths: Sequence[int] = DEFAULT_LENGTHS, *, repeats: int = 
 def run(url: str, lengths: Sequence[int] = DEFAULT_LENGTHS, *, repeats: int = 3, out: Path | None = None,
         deployment: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Probe `url` and write the result under data/results/prefill/ (or `out`); returns it with its `path`."""
+    results.ensure_new(out)
     rows = probe(url, lengths, repeats=repeats, progress=progress)
     result = {"url": url, "deployment": deployment, "repeats": repeats, "points": rows}
     path = results.write("prefill", result, out)

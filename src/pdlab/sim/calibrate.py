@@ -9,7 +9,7 @@ being cheap, at least 5): on a shared machine the fastest run is the one least d
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pdlab.sim.costs import CalibrationPoint, FittedCost, ServingOverheads, fit_profile
@@ -226,6 +226,7 @@ def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int
 
 def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 3000,
                 prefill_probe: list[tuple[int, float]] | None = None, probe_source: str | None = None,
+                admission_ms: dict[str, float] | None = None, admission_sources: Sequence[str] = (),
                 sender_gated: bool = True,
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
@@ -238,7 +239,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
     With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes moves at a
     fitted rate for as long as it keeps computing (`ServingOverheads.busy_sender_bytes_per_s`), and each run's
-    mean KV transfer time as vLLM measured it (`kv.json`) joins the errors.
+    mean KV transfer time as vLLM measured it (`kv.json`) joins the errors. `admission_ms` (per instance role,
+    from `pdlab bench admission`) is held: runs with Poisson arrivals rarely show it; the bench measures it.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
@@ -273,11 +275,13 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     # sender, how fast one moves while the sender computes (x[9]).
     busy_start = [start_overheads.busy_sender_bytes_per_s or DEFAULT_BUSY_SENDER_BYTES_PER_S] if sender_gated else []
 
+    admission_s = {role: ms / 1e3 for role, ms in (admission_ms or {}).items()}
+
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:6])), ServingOverheads(
             float(values[6]), float(values[7]), jitter, sender_gated,
-            float(values[9]) if sender_gated else 0.0), float(values[8])
+            float(values[9]) if sender_gated else 0.0, admission_s), float(values[8])
 
     transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 
@@ -345,12 +349,15 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         **({"prefill_probe": {"source": probe_source, "points": [list(p) for p in prefill_probe],
                               "error_pct": {"mean": float(np.mean(probed)), "max": float(np.max(probed))}}}
            if prefill_probe else {}),
+        **({"admission_probe": {"sources": list(admission_sources), "window_ms": admission_ms}}
+           if admission_ms else {}),
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
                           f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
                 "start": start or DEFAULT_START_PROFILE,
                 "evaluations": evaluations, "objective": float(best.fun)},
         "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs)
-                  + (f" --prefill-probe {probe_source}" if prefill_probe else ""),
+                  + (f" --prefill-probe {probe_source}" if prefill_probe else "")
+                  + "".join(f" --admission-probe {path}" for path in admission_sources),
         "dtype_bytes": 4,
         "environment": capture(),
     }

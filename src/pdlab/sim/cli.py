@@ -78,6 +78,10 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   prefill_probe: Path = typer.Option(None, "--prefill-probe", help="--from-runs: also fit to a "
                                                      "`pdlab bench prefill` result (single-request prefill times "
                                                      "on the real server)."),
+                  admission_probe: list[Path] = typer.Option(None, "--admission-probe", help="--from-runs: take "
+                                                             "the admission window per instance role from "
+                                                             "`pdlab bench admission` results (held, not fitted; "
+                                                             "repeatable)."),
                   sender_gated: bool = typer.Option(True, help="--from-runs: KV reads crawl while the prefill "
                                                     "instance computes (rate fitted), as on pdlab's CPU tier "
                                                     "(`pdlab bench transfer`); --no-sender-gated for runs whose "
@@ -85,15 +89,17 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
+    from pdlab.benchmarks.admission import load_windows_ms
     from pdlab.benchmarks.prefill import load_points
     from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
     from pdlab.sim.calibrate import CalibrationGrid, calibrate, fit_to_runs
     from pdlab.sim.validate import RunDirError
 
-    if prefill_probe is not None and not from_runs:
-        console.print("[red]error:[/red] --prefill-probe goes with --from-runs (it is fitted together with runs)")
-        raise typer.Exit(code=2)
+    for given, option in ((prefill_probe, "--prefill-probe"), (admission_probe or None, "--admission-probe")):
+        if given is not None and not from_runs:
+            console.print(f"[red]error:[/red] {option} goes with --from-runs (it is used in fitting to runs)")
+            raise typer.Exit(code=2)
     if bool(from_runs) != bool(runs):
         console.print("[red]error:[/red] " + ("--from-runs needs run directories: pdlab sim calibrate --from-runs "
                                               "runs/LAB/RUN/SCENARIO ..." if from_runs else
@@ -102,9 +108,12 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     if from_runs:
         try:
             probe = load_points(prefill_probe) if prefill_probe is not None else None
+            windows_ms = {role: ms for path in admission_probe or () for role, ms in load_windows_ms(path).items()}
             with console.status(f"fitting {model} to {len(runs)} runs ...") as status:
                 profile = fit_to_runs(runs, model, start=start, max_evaluations=evaluations,
                                       prefill_probe=probe, probe_source=str(prefill_probe) if probe else None,
+                                      admission_ms=windows_ms or None,
+                                      admission_sources=[str(path) for path in admission_probe or ()],
                                       sender_gated=sender_gated,
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:

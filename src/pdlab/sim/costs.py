@@ -19,7 +19,7 @@ features, fitted by least squares on measured step times (`fit_profile`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -195,7 +195,13 @@ class ServingOverheads:
       with nothing after it, the rest moves at the link's speed. 0: nothing moves until the step ends. Fitted
       (`pdlab sim calibrate --from-runs`). Why a rate: the router's prefill times (`x-pdlab-prefill-ms`) show
       reads finishing anywhere from 0.04 to 4.2 s after their prefill while the instance kept prefilling, several
-      at once, not at the end of the step under way (data/sim-runs/threshold-sweep/20261201-010534).
+      at once, not at the end of the step under way (data/sim-runs/threshold-sweep/20261201-010534);
+    - `admission_s`: per instance role (colocated, prefill, decode), how long an idle instance takes to start its
+      first step after work arrives; whatever arrives meanwhile joins that step. vLLM's engine, woken by a
+      request, takes in every request queued by then, and on a CPU server the API server, the engine and (on P/D
+      instances) NIXL's progress threads share one core: `pdlab bench admission` measured ~0.4 ms on a colocated
+      instance and ~1.5 ms on P/D ones (data/results/admission/). A step started the instant the first request
+      arrived would serve a trace's tied burst one prompt at a time.
     Zero (and False) for roofline (GPU) costs, which describe the engine alone."""
 
     request_s: float = 0.0
@@ -203,6 +209,7 @@ class ServingOverheads:
     step_jitter_s: tuple[float, ...] = ()
     transfer_waits_for_sender: bool = False
     busy_sender_bytes_per_s: float = 0.0
+    admission_s: dict[str, float] = field(default_factory=dict)
 
     def step_jitters(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
         """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none)."""
@@ -218,7 +225,8 @@ class ServingOverheads:
         return {"request_ms": self.request_s * 1e3, "handoff_ms": self.handoff_s * 1e3,
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
                 "transfer_waits_for_sender": self.transfer_waits_for_sender,
-                "busy_sender_mb_s": self.busy_sender_bytes_per_s / 1e6}
+                "busy_sender_mb_s": self.busy_sender_bytes_per_s / 1e6,
+                "admission_ms": {role: seconds * 1e3 for role, seconds in self.admission_s.items()}}
 
     @classmethod
     def from_json(cls, data: dict | None) -> ServingOverheads:
@@ -230,7 +238,8 @@ class ServingOverheads:
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
                    transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)),
-                   busy_sender_bytes_per_s=float(data.get("busy_sender_mb_s", 0.0)) * 1e6)
+                   busy_sender_bytes_per_s=float(data.get("busy_sender_mb_s", 0.0)) * 1e6,
+                   admission_s={str(role): float(ms) / 1e3 for role, ms in (data.get("admission_ms") or {}).items()})
 
 
 def load_profile(path: str | Path) -> tuple[FittedCost, dict]:

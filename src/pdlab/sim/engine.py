@@ -168,12 +168,15 @@ class Simulation:
     def _serve(self, inst: Instance):
         """An instance's scheduler loop: plan a step, spend its duration, apply it; sleep when there is no work."""
         env = self.env
+        admission = self.overheads.admission_s.get(inst.role, 0.0)
         while True:
             step = self._plan_step(inst)
             if step is None:
                 inst.idle = env.event()
                 yield inst.idle
                 inst.idle = None
+                if admission > 0:  # what arrives while it wakes joins its first step
+                    yield env.timeout(admission)
                 continue
             chunks, duration = step
             inst.busy = True
