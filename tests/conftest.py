@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pdlab.deploy import Deployment
+from pdlab.metrics.kv import scrape_kv_transfer
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_MODEL = "pdlab-tiny"
@@ -77,7 +78,10 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     up = run_pdlab("up", str(lab_path))
     assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
     try:
-        yield Deployment.attach("pytest-1p1d")
+        dep = Deployment.attach("pytest-1p1d")
+        # `pdlab up` warms the P/D pair up: its first KV transfer (and NIXL handshake) is done before anyone measures
+        assert scrape_kv_transfer(dep.urls("decode")[0]).transfers >= 1, "pdlab up moved no KV while warming up"
+        yield dep
     finally:
         down = run_pdlab("down", "pytest-1p1d")
         leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")

@@ -28,7 +28,11 @@ from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.deploy import state
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
-from pdlab.settings import ADMIN_TOKEN_ENV, DEFAULT_STARTUP_TIMEOUT_S, runs_dir
+from pdlab.pdrequest import decode_body, prefill_body
+from pdlab.settings import ADMIN_TOKEN_ENV, DEFAULT_STARTUP_TIMEOUT_S, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, runs_dir
+
+#: Seconds one warm-up request may take (a first request on a busy 2-core machine takes a few).
+WARM_UP_TIMEOUT_S = 120.0
 
 
 class DeployError(RuntimeError):
@@ -175,7 +179,8 @@ class Deployment:
             for plan in plans:
                 self.instances.append(RunningInstance(plan.spec, self._spawn(plan.name, plan.argv, plan.env)))
             self._wait_healthy([(i.name, i.url, i.process) for i in self.instances])
-            for inst in self.instances:
+            self._warm_up()
+            for inst in self.instances:  # after the warm-up: its first transfer may start threads of its own
                 if inst.spec.role != "colocated":
                     self._settle_nixl_threads(inst)
             if self.spec.router is not None:
@@ -207,6 +212,39 @@ class Deployment:
                     plan.argv = self.netlab.exec_prefix(plan.spec.node) + plan.argv
                     plan.env.update(self.netlab.env(plan.spec.node, spec.connector.ucx_tls))
         return plans
+
+    def _warm_up(self) -> None:
+        """One request to each instance, then one through every prefill -> decode pair, before anything is
+        measured. A vLLM instance's first big request pays one-time costs (a 1,700-token prompt took 1.0 s on a
+        fresh prefill instance, 0.92 s after a 1,200-token warm-up, 0.54-0.63 s after a full step), and NixlConnector's
+        first transfer between two instances waits for their handshake, which a prefill instance busy with other
+        prompts answers only when it pauses (a fresh 1P1D: a read posted while the prefill instance computed a
+        6,000-token prompt waited 3.2 s, until it ended; later ones 0.06-0.5 s). Left in, they land on a run's
+        first burst."""
+        # Token ids, so its length is exact: one full step of vLLM's CPU token budget (a first full step pays
+        # one-time costs of its own: a 1,200-token warm-up left a 1,700-token prompt 0.35 s slow; after this one
+        # the first was 0.15 s slow, as after a two-step warm-up, which takes twice as long), and many KV blocks
+        # for the P/D warm-up to move.
+        tokens = min(VLLM_CPU_MAX_NUM_BATCHED_TOKENS, (self.spec.model.max_model_len or 1 << 30) - 2)
+        prompt = [10 + i % 500 for i in range(tokens)]
+        pairs = [(p, d) for p in self.instances if p.spec.role == "prefill"
+                 for d in self.instances if d.spec.role == "decode"] if self.spec.kv_protocol == "nixl" else []
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console,
+                      transient=False, disable=not self.progress) as progress, \
+                httpx.Client(timeout=WARM_UP_TIMEOUT_S) as client:
+            task = progress.add_task("warming up: a first request per instance", total=len(self.instances) + len(pairs))
+            body = {"model": self.served_model, "prompt": prompt, "max_tokens": 2, "temperature": 0.0}
+            for inst in self.instances:
+                _warm_post(client, inst.url, body, f"the warm-up request to {inst.name}")
+                progress.advance(task)
+            for prefill, decode in pairs:
+                progress.update(task, description=f"warming up: a first KV transfer {prefill.name} -> {decode.name}")
+                answer = _warm_post(client, prefill.url, prefill_body(body),
+                                    f"the warm-up prefill on {prefill.name} (for {decode.name})")
+                _warm_post(client, decode.url, decode_body(body, answer.get("kv_transfer_params")),
+                           f"the warm-up decode on {decode.name} (KV from {prefill.name} over NIXL)")
+                progress.advance(task)
+            progress.update(task, description="warmed up: first requests and KV transfers done")
 
     @staticmethod
     def _settle_nixl_threads(inst: RunningInstance) -> None:
@@ -299,6 +337,16 @@ class Deployment:
                             f"Last lines of its log ({proc.log_path}):\n{proc.log_tail()}")
                     if pending:
                         time.sleep(0.5)
+
+
+def _warm_post(client: httpx.Client, url: str, body: dict, what: str) -> dict:
+    try:
+        response = client.post(url + "/v1/completions", json=body)
+    except httpx.HTTPError as error:
+        raise DeployError(f"{what} got no answer: {type(error).__name__}: {error}") from None
+    if response.is_error:
+        raise DeployError(f"{what} failed: HTTP {response.status_code}: {response.text[:500]}")
+    return response.json()
 
 
 def _resolved_instances(spec: DeploymentSpec, saved: dict[str, dict]) -> list[InstanceSpec]:
