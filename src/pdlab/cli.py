@@ -232,7 +232,7 @@ def bench_admission(
     gaps: str = typer.Option(",".join(f"{g:g}" for g in ADMISSION_GAPS_MS),
                              help="Milliseconds between a pair's two sends, comma-separated, ascending."),
     repeats: int = typer.Option(6, min=1, help="Pairs per gap."),
-    prompt_words: int = typer.Option(300, min=1, help="Words per prompt (about one token each)."),
+    prompt_words: int = typer.Option(300, min=1, help="Words per prompt (one or two tokens each)."),
     out: Path = typer.Option(None, help="Output JSON (default: data/results/admission/<timestamp>.json)."),
 ) -> None:
     """Send pairs of prompts to an idle instance a few milliseconds apart and count how often they share its first
@@ -253,13 +253,13 @@ def bench_admission(
     try:
         if url:
             result = admission.run([("instance", role, url.rstrip("/"))], wanted, repeats=repeats,
-                                   prompt_tokens=prompt_words, out=out)
+                                   prompt_words=prompt_words, out=out)
         else:
             spec = _load_deployment(lab)
             with Deployment(spec, console=console) as dep:
                 targets = [(inst.spec.name, inst.spec.role, inst.url) for inst in dep.instances]
                 console.print(f"probing {', '.join(name for name, _, _ in targets)} in turn")
-                result = admission.run(targets, wanted, repeats=repeats, prompt_tokens=prompt_words, out=out,
+                result = admission.run(targets, wanted, repeats=repeats, prompt_words=prompt_words, out=out,
                                        deployment=spec.name)
     except admission.ProbeError as error:
         console.print(f"[red]error:[/red] {error}")

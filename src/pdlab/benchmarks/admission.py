@@ -11,8 +11,8 @@ millisecond of each other: whether they share a step decides whether a burst's s
 several.
 
 Prompts are text, as the load generator sends them (the API server's tokenizing is part of how requests reach the
-engine together; token-id prompts share a step far less often): random picks of the corpus's words, about one
-token each, so no two share a prefix.
+engine together; token-id prompts share a step far less often): random picks of the corpus's words (one or two
+tokens each), so no two share a prefix.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ async def _first_token(client: httpx.AsyncClient, url: str, body: dict[str, Any]
     raise ProbeError(f"{url} ended a stream without a token{': ' + record.error if record.error else ''}")
 
 
-async def _probe(url: str, gaps_ms: Sequence[float], repeats: int, prompt_tokens: int, seed: int, progress: bool,
+async def _probe(url: str, gaps_ms: Sequence[float], repeats: int, prompt_words: int, seed: int, progress: bool,
                  timeout_s: float) -> tuple[float, list[dict[str, Any]]]:
     from pdlab.load.prompts import corpus_words  # here: pdlab.load brings pandas, which the CLI need not load
 
@@ -64,7 +64,7 @@ async def _probe(url: str, gaps_ms: Sequence[float], repeats: int, prompt_tokens
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
 
         def body() -> dict[str, Any]:
-            prompt = " ".join(rng.choice(words) for _ in range(prompt_tokens))
+            prompt = " ".join(rng.choice(words) for _ in range(prompt_words))
             return {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True}
 
         async def warm() -> None:  # two open connections: neither send waits for a TCP handshake
@@ -101,14 +101,14 @@ def expected_window_ms(rows: Sequence[dict[str, Any]]) -> float:
     return sum((g1 - g0) * (f0 + f1) / 2 for (g0, f0), (g1, f1) in zip(points, points[1:], strict=False))
 
 
-def probe(url: str, gaps_ms: Sequence[float] = DEFAULT_GAPS_MS, *, repeats: int = 6, prompt_tokens: int = 300,
+def probe(url: str, gaps_ms: Sequence[float] = DEFAULT_GAPS_MS, *, repeats: int = 6, prompt_words: int = 300,
           seed: int = 0, progress: bool = True, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Probe `url` with pairs of prompts of `prompt_tokens` words at each gap, `repeats` times."""
+    """Probe `url` with pairs of prompts of `prompt_words` words at each gap, `repeats` times."""
     if sorted(gaps_ms) != list(gaps_ms) or not gaps_ms or gaps_ms[0] < 0:
         raise ValueError(f"gaps must be ascending and non-negative, got {list(gaps_ms)}")
-    lone_s, rows = asyncio.run(_probe(url, gaps_ms, repeats, prompt_tokens, seed, progress, timeout_s))
+    lone_s, rows = asyncio.run(_probe(url, gaps_ms, repeats, prompt_words, seed, progress, timeout_s))
     window = expected_window_ms(rows)
-    return {"url": url, "prompt_tokens": prompt_tokens, "repeats": repeats, "lone_ttft_s": lone_s, "gaps": rows,
+    return {"url": url, "prompt_words": prompt_words, "repeats": repeats, "lone_ttft_s": lone_s, "gaps": rows,
             "window_ms": window,
             "window_censored": rows[-1]["shared_fraction"] > 0,
             "method": "pairs of prompts to an idle instance; shared a step when their first tokens came closer "
@@ -116,13 +116,13 @@ def probe(url: str, gaps_ms: Sequence[float] = DEFAULT_GAPS_MS, *, repeats: int 
 
 
 def run(targets: Sequence[tuple[str, str, str]], gaps_ms: Sequence[float] = DEFAULT_GAPS_MS, *, repeats: int = 6,
-        prompt_tokens: int = 300, out: Path | None = None, deployment: str | None = None,
+        prompt_words: int = 300, out: Path | None = None, deployment: str | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Probe each (name, role, url) of `targets` in turn (the others idle) and write the result under
     data/results/admission/ (or `out`): every instance's probe, and `window_ms`, the mean window per role.
     Returns it with its `path`."""
     results.ensure_new(out)
-    instances = [{"name": name, "role": role, **probe(url, gaps_ms, repeats=repeats, prompt_tokens=prompt_tokens,
+    instances = [{"name": name, "role": role, **probe(url, gaps_ms, repeats=repeats, prompt_words=prompt_words,
                                                       progress=progress)}
                  for name, role, url in targets]
     by_role: dict[str, list[float]] = {}
