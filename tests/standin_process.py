@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -21,3 +22,10 @@ def standin(port: int, *flags: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="pdlab-standin-") as logs, \
             serving(f"standin-{port}", argv, url + "/health", Path(logs) / "standin.log", timeout_s=20):
         yield url
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (the OS's pick, released at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -4,7 +4,6 @@ prompts side by side (every pair shares a "step") and one whose prefill holds it
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,9 @@ from typer.testing import CliRunner
 
 from pdlab.benchmarks.admission import expected_window_ms, load_windows_ms, probe, run
 from pdlab.cli import app
-from tests.standin_process import standin
+from tests.standin_process import free_port, standin
 
 US_PER_TOKEN = 300.0  # a 300-word prompt takes ~90 ms: gaps of a few ms are well under half of it
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_pairs_served_side_by_side_share_and_the_window_spans_the_gaps(tmp_path: Path) -> None:

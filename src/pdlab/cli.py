@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import typer
@@ -239,16 +240,16 @@ def bench_admission(
     step: the simulator's admission window per instance role (`pdlab sim calibrate --from-runs ...
     --admission-probe FILE`)."""
     from pdlab.benchmarks import admission
+    from pdlab.config.deployment import Role
     from pdlab.deploy import Deployment
 
     try:
-        wanted = [float(part) for part in gaps.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{gaps!r}: want comma-separated numbers", param_hint="--gaps") from None
-    if not wanted or sorted(wanted) != wanted or wanted[0] < 0:
-        raise typer.BadParameter(f"{gaps!r}: want non-negative gaps in ascending order", param_hint="--gaps")
-    if url and role not in ("colocated", "prefill", "decode"):
-        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: colocated, prefill or decode",
+        wanted = admission.check_gaps([float(part) for part in gaps.split(",") if part.strip()])
+    except ValueError as error:
+        raise typer.BadParameter(f"{gaps!r}: want comma-separated numbers ({error})", param_hint="--gaps") from None
+    roles = typing.get_args(Role)
+    if url and role not in roles:
+        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: {', '.join(roles)}",
                                  param_hint="--role")
     try:
         if url:

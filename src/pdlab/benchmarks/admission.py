@@ -101,12 +101,18 @@ def expected_window_ms(rows: Sequence[dict[str, Any]]) -> float:
     return sum((g1 - g0) * (f0 + f1) / 2 for (g0, f0), (g1, f1) in zip(points, points[1:], strict=False))
 
 
+def check_gaps(gaps_ms: Sequence[float]) -> list[float]:
+    """The gaps as a list, or a ValueError saying what is wrong with them (the window integrates over them)."""
+    gaps = [float(gap) for gap in gaps_ms]
+    if not gaps or sorted(gaps) != gaps or gaps[0] < 0:
+        raise ValueError(f"gaps must be non-negative and in ascending order, got {gaps}")
+    return gaps
+
+
 def probe(url: str, gaps_ms: Sequence[float] = DEFAULT_GAPS_MS, *, repeats: int = 6, prompt_words: int = 300,
           seed: int = 0, progress: bool = True, timeout_s: float = 120.0) -> dict[str, Any]:
     """Probe `url` with pairs of prompts of `prompt_words` words at each gap, `repeats` times."""
-    if sorted(gaps_ms) != list(gaps_ms) or not gaps_ms or gaps_ms[0] < 0:
-        raise ValueError(f"gaps must be ascending and non-negative, got {list(gaps_ms)}")
-    lone_s, rows = asyncio.run(_probe(url, gaps_ms, repeats, prompt_words, seed, progress, timeout_s))
+    lone_s, rows = asyncio.run(_probe(url, check_gaps(gaps_ms), repeats, prompt_words, seed, progress, timeout_s))
     window = expected_window_ms(rows)
     return {"url": url, "prompt_words": prompt_words, "repeats": repeats, "lone_ttft_s": lone_s, "gaps": rows,
             "window_ms": window,
