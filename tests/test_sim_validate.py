@@ -39,11 +39,13 @@ def hol_requests() -> list[dict]:
     return shorts + longs
 
 
-def make_run(run_dir: Path, profile: Path, pools: dict, threshold: int = 1024) -> Path:
+def make_run(run_dir: Path, profile: Path, pools: dict, threshold: int = 1024,
+             requests: list[dict] | None = None) -> Path:
     """A run directory as a measured run would leave it, with times from a simulation under `profile`."""
     spec = SimSpec.model_validate({"model": "pdlab-small", "profile": str(profile), "dtype_bytes": 4,
                                    "link": {"name": "local-loopback"}, "pools": pools,
-                                   "router": {"threshold": threshold}, "workload": {"requests": hol_requests()}})
+                                   "router": {"threshold": threshold},
+                                   "workload": {"requests": requests or hol_requests()}})
     _, sim = simulate(spec)
     run_dir.mkdir(parents=True)
     clock = 1_700_000_000.0  # wall-clock origin, as a load generator would record
@@ -81,6 +83,40 @@ def test_wrong_costs_show_up_as_errors(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", truth, {"colocated": 1})
     result = validate_runs([run], slow, model="pdlab-small")
     assert result["max_error_pct"] > 50
+
+
+def test_pooled_runs_are_measured_and_simulated_together(tmp_path: Path) -> None:
+    """Two runs of one scenario whose long prompts differ: pooled, the measured p50 is taken over both runs'
+    requests (neither run's own), the simulator replays both and matches it, and KV transfer times average over
+    every transfer of both runs."""
+    import numpy as np
+
+    profile = write_profile(tmp_path / "profile.json", TRUTH)
+    pools = {"prefill": 1, "decode": 1}
+    first = make_run(tmp_path / "a" / "hol", profile, pools)
+    second = make_run(tmp_path / "b" / "hol", profile, pools,
+                      requests=[r | {"prompt_tokens": 2000} if r["cls"] == "long" else r for r in hol_requests()])
+    (first / "kv.json").write_text(json.dumps({"transfers": 2, "xfer_seconds": 1.0}))
+    (second / "kv.json").write_text(json.dumps({"transfers": 1, "xfer_seconds": 2.0}))
+    alone = validate_runs([first], profile, model="pdlab-small")["runs"][0]
+    result = validate_runs([first], profile, model="pdlab-small", pooled=[second])
+    [pooled] = result["runs"]
+    assert pooled["pooled"] == [str(second)]
+    assert result["max_error_pct"] < 0.01
+    ttfts = [(r.token_times[0] - r.start) * 1e3 for run in (first, second) for r in read_run(run)[0]
+             if r.cls == "long"]
+    measured = pooled["errors"]["long.ttft_ms.p50"]["measured"]
+    assert measured == pytest.approx(np.percentile(ttfts, 50))
+    assert measured != pytest.approx(alone["errors"]["long.ttft_ms.p50"]["measured"])
+    assert pooled["kv_transfer_ms"]["measured"] == pytest.approx(1000.0)  # 3 s over 3 transfers
+    with pytest.raises(RunDirError, match="repeat must be another run"):
+        validate_runs([first], profile, model="pdlab-small", pooled=[second], repeats=[second])
+    out = tmp_path / "validation"
+    cli = CliRunner().invoke(app, ["sim", "validate", str(first), "--pool", str(second), "--profile", str(profile),
+                                   "--out", str(out), "--no-results-copy"])
+    assert cli.exit_code == 0, cli.output
+    saved = json.loads((out / "validation.json").read_text())
+    assert f"--pool {second}" in saved["command"] and saved["runs"][0]["pooled"] == [str(second)]
 
 
 def test_sampling_intervals_resample_whole_requests() -> None:
@@ -266,8 +302,9 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
     root = data_dir().parent
     runs = [root / r["run"] for r in recorded["runs"]]
     repeats = [root / r["repeat"] for r in recorded["runs"] if "repeat" in r]
+    pooled = [root / p for r in recorded["runs"] for p in r.get("pooled", [])]
     profile = resolve_profile(Path(recorded["profile"]))
-    again = validate_runs(runs, profile, model=recorded["model"], repeats=repeats)
+    again = validate_runs(runs, profile, model=recorded["model"], repeats=repeats, pooled=pooled)
     for old, new in zip(recorded["runs"], again["runs"], strict=True):
         assert old["errors"].keys() == new["errors"].keys()
         for key, e in old["errors"].items():

@@ -176,6 +176,9 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  repeat: list[Path] = typer.Option(None, "--repeat", help="Another measured run of the same "
                                                    "scenario (same directory name): shows how far two real runs "
                                                    "differ, next to the simulator's error. Repeatable."),
+                 pool: list[Path] = typer.Option(None, "--pool", help="Another measured run of the same scenario "
+                                                 "(same directory name) whose requests join it: percentiles over "
+                                                 "both runs' requests, measured and simulated. Repeatable."),
                  results_copy: bool = typer.Option(
                      True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
@@ -198,7 +201,7 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         shape.threshold = threshold if threshold is not None else shape.threshold
         shape.max_num_batched_tokens = budget or shape.max_num_batched_tokens
     try:
-        result = validate_runs(runs, profile, model=model, shape=shape, repeats=repeat)
+        result = validate_runs(runs, profile, model=model, shape=shape, repeats=repeat, pooled=pool)
     except RunDirError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
@@ -207,7 +210,8 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                    "error %"]
         if "repeat" in run_result:
             columns += ["other run", "run to run %"]
-        table = Table(*columns, title=f"simulator vs measured (ms): {run_result['run']}", show_edge=False)
+        pooled = "".join(f" + {path}" for path in run_result.get("pooled", []))
+        table = Table(*columns, title=f"simulator vs measured (ms): {run_result['run']}{pooled}", show_edge=False)
         for metric, e in run_result["errors"].items():
             interval = e.get("measured_ci95")
             outside = "" if e.get("simulated_within_ci", True) else "*"
@@ -238,7 +242,8 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
     from pdlab.environment import capture
 
     result["command"] = "pdlab sim validate " + " ".join(
-        [str(r) for r in runs] + [f"--repeat {r}" for r in repeat or []] + [f"--profile {profile_name}"])
+        [str(r) for r in runs] + [f"--pool {r}" for r in pool or []] + [f"--repeat {r}" for r in repeat or []]
+        + [f"--profile {profile_name}"])
     result["profile"] = str(profile_name)  # as given (a shipped name stays portable across checkouts)
     result["environment"] = capture()
     out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
 from pdlab.settings import DEFAULT_ROUTING_THRESHOLD, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
 from pdlab.sim.engine import Simulation
-from pdlab.sim.scenario import simulate
+from pdlab.sim.scenario import build, prepare
+from pdlab.sim.summary import summarize
 from pdlab.sim.workload import Arrival
 
 COLUMNS = {
@@ -285,19 +287,45 @@ def measured_transfer_s(run_dir: Path) -> float | None:
         else None
 
 
-def simulated_transfer_s(sim: Simulation) -> float | None:
-    """The simulation's mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
-    times = [r.transfer_end - r.transfer_queued for r in sim.requests if not math.isnan(r.transfer_end)]
+def simulated_transfer_s(*sims: Simulation) -> float | None:
+    """The simulations' mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
+    times = [r.transfer_end - r.transfer_queued for sim in sims for r in sim.requests if not math.isnan(r.transfer_end)]
     return sum(times) / len(times) if times else None
 
 
-def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> dict:
+def _pooled_transfer_s(run_dirs: Sequence[Path]) -> float | None:
+    """The mean KV transfer time over every transfer of these runs (each run's `kv.json` weighted by its count)."""
+    seconds = transfers = 0.0
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "kv.json"
+        kv = json.loads(path.read_text()) if path.exists() else {}
+        if kv.get("transfers") and kv.get("xfer_seconds"):
+            seconds, transfers = seconds + float(kv["xfer_seconds"]), transfers + float(kv["transfers"])
+    return seconds / transfers if transfers else None
+
+
+def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None,
+                 pooled: Sequence[Path] = ()) -> dict:
     """One run's p50/p99 TTFT and ITL per class, simulated vs measured; with the mean KV transfer time beside
-    them where the run recorded one (`kv_transfer_ms`, not counted among the metrics)."""
-    replay = replay_of(run_dir, profile, model=model, shape=shape)
-    simulated, sim = simulate(replay.spec, requests=replay.arrivals)
-    errors = compare(replay.measured, simulated)
-    intervals = sampling_intervals(replay.rows)
+    them where the run recorded one (`kv_transfer_ms`, not counted among the metrics).
+
+    `pooled`: other measured runs of the same load whose requests join this run's on both sides. The measured
+    percentiles are taken over every run's requests, and the simulator replays each run and pools its requests
+    the same way. A run of a bursty trace holds a few dozen requests per class, so one run's p50 can sit on the
+    edge between two groups of requests (fast and queued) and move by half between runs; pooling runs measures
+    the load, not one draw of it."""
+    replays = [replay_of(Path(d), profile, model=model, shape=shape) for d in (run_dir, *pooled)]
+    simulations = []
+    for replay in replays:
+        sim = build(prepare(replay.spec))
+        sim.run(replay.arrivals)
+        simulations.append(sim)
+    spec = replays[0].spec
+    simulated = summarize([r for sim in simulations for r in sim.requests], stall_ms=spec.stall_ms,
+                          ttft_slo_ms=spec.slo.ttft_ms, tpot_slo_ms=spec.slo.tpot_ms)
+    rows = [row for replay in replays for row in replay.rows]
+    errors = compare(measured_metrics(rows), simulated)
+    intervals = sampling_intervals(rows)
     for key, e in errors.items():
         cls, metric, pct = key.split(".")
         if (interval := intervals.get(cls, {}).get(metric, {}).get(pct)) is not None:
@@ -305,9 +333,11 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
             # Epoch-second timestamps in float64 resolve ~0.2 us: a microsecond of slack either side.
             slack = max(1e-6 * abs(e["measured"]), 1e-3)
             e["simulated_within_ci"] = interval[0] - slack <= e["simulated"] <= interval[1] + slack
-    result = {"run": str(run_dir), "shape": replay.shape.__dict__, "errors": errors,
+    result = {"run": str(run_dir), "shape": replays[0].shape.__dict__, "errors": errors,
               "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
-    measured_s, simulated_s = measured_transfer_s(run_dir), simulated_transfer_s(sim)
+    if pooled:
+        result["pooled"] = [str(d) for d in pooled]
+    measured_s, simulated_s = _pooled_transfer_s([Path(run_dir), *pooled]), simulated_transfer_s(*simulations)
     if measured_s and simulated_s is not None:
         result["kv_transfer_ms"] = {"measured": measured_s * 1e3, "simulated": simulated_s * 1e3}
     return result
@@ -325,11 +355,20 @@ def latest_validation() -> dict:
 
 
 def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None,
-                  repeats: list[Path] | None = None) -> dict:
+                  repeats: list[Path] | None = None, pooled: list[Path] | None = None) -> dict:
     """Validate each run; with `repeats` (other measured runs of the same scenarios, matched by directory name),
     also report per metric how far two real runs of the same load differ (`run_to_run_pct`): the measurement's own
-    spread, against which the simulator's error is read (a p99 of a few hundred gaps moves a lot between runs)."""
-    runs = [validate_run(d, profile, model=model, shape=shape) for d in run_dirs]
+    spread, against which the simulator's error is read (a p99 of a few hundred gaps moves a lot between runs).
+    `pooled` runs (matched by directory name too) join their run's requests on both sides (`validate_run`)."""
+    overlap = {Path(d).resolve() for d in repeats or []} & {Path(d).resolve() for d in [*run_dirs, *(pooled or [])]}
+    if overlap:
+        raise RunDirError(f"{sorted(map(str, overlap))[0]}: a repeat must be another run than those validated or "
+                          "pooled (it measures how far a separate run of the same load lands)")
+    pools: dict[str, list[Path]] = {}
+    for extra in pooled or []:
+        pools.setdefault(Path(extra).name, []).append(Path(extra))
+    runs = [validate_run(d, profile, model=model, shape=shape, pooled=pools.get(Path(d).name, ()))
+            for d in run_dirs]
     by_name = {Path(d).name: Path(d) for d in repeats or []}
     for run in runs:
         repeat = by_name.get(Path(run["run"]).name)
