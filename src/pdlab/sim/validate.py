@@ -277,24 +277,9 @@ def compare(measured: dict, simulated: dict) -> dict:
     return errors
 
 
-def measured_transfer_s(run_dir: Path) -> float | None:
-    """A run's mean KV transfer time as its decode instances' vLLM measured it (`kv.json`), if it moved any."""
-    path = Path(run_dir) / "kv.json"
-    if not path.exists():
-        return None
-    kv = json.loads(path.read_text())
-    return float(kv["xfer_seconds"]) / float(kv["transfers"]) if kv.get("transfers") and kv.get("xfer_seconds") \
-        else None
-
-
-def simulated_transfer_s(*sims: Simulation) -> float | None:
-    """The simulations' mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
-    times = [r.transfer_end - r.transfer_queued for sim in sims for r in sim.requests if not math.isnan(r.transfer_end)]
-    return sum(times) / len(times) if times else None
-
-
-def _pooled_transfer_s(run_dirs: Sequence[Path]) -> float | None:
-    """The mean KV transfer time over every transfer of these runs (each run's `kv.json` weighted by its count)."""
+def measured_transfer_s(*run_dirs: Path) -> float | None:
+    """The mean KV transfer time as the runs' decode instances' vLLM measured it (`kv.json`), over every transfer
+    of these runs (each run weighted by its count); None if none moved any."""
     seconds = transfers = 0.0
     for run_dir in run_dirs:
         path = Path(run_dir) / "kv.json"
@@ -302,6 +287,12 @@ def _pooled_transfer_s(run_dirs: Sequence[Path]) -> float | None:
         if kv.get("transfers") and kv.get("xfer_seconds"):
             seconds, transfers = seconds + float(kv["xfer_seconds"]), transfers + float(kv["transfers"])
     return seconds / transfers if transfers else None
+
+
+def simulated_transfer_s(*sims: Simulation) -> float | None:
+    """The simulations' mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
+    times = [r.transfer_end - r.transfer_queued for sim in sims for r in sim.requests if not math.isnan(r.transfer_end)]
+    return sum(times) / len(times) if times else None
 
 
 def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None,
@@ -337,7 +328,7 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
               "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
     if pooled:
         result["pooled"] = [str(d) for d in pooled]
-    measured_s, simulated_s = _pooled_transfer_s([Path(run_dir), *pooled]), simulated_transfer_s(*simulations)
+    measured_s, simulated_s = measured_transfer_s(run_dir, *pooled), simulated_transfer_s(*simulations)
     if measured_s and simulated_s is not None:
         result["kv_transfer_ms"] = {"measured": measured_s * 1e3, "simulated": simulated_s * 1e3}
     return result
