@@ -199,8 +199,8 @@ class ServingOverheads:
     - `admission_s`: per instance role (colocated, prefill, decode), how long an idle instance takes to start its
       first step after work arrives; whatever arrives meanwhile joins that step. vLLM's engine, woken by a
       request, takes in every request queued by then, and on a CPU server the API server, the engine and (on P/D
-      instances) NIXL's progress threads share one core: `pdlab bench admission` measured ~0.7 ms on colocated
-      instances and ~2.3 ms on P/D ones (data/results/admission/; an hour earlier 0.4 and 1.5). A step started
+      instances) NIXL's progress threads share one core: `pdlab bench admission` measured 0.4-0.7 ms on colocated
+      instances and 1.0-2.4 ms on P/D ones, from one hour to the next (data/results/admission/). A step started
       the instant the first request arrived would serve a trace's tied burst one prompt at a time.
     Zero (and False) for roofline (GPU) costs, which describe the engine alone."""
 
