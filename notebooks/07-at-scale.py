@@ -53,8 +53,8 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # lab runs (hol-blocking, the threshold sweep) through the simulator with step costs fitted on *other* runs, and
 # compares p50 and p99 TTFT and ITL per class. Each point below is one metric of one scenario, measured over two
 # runs of the same load pooled together; the bars span the measured value's 95% sampling interval (a run has a few
-# dozen requests, so its percentiles are estimates); the green band is +-10%. This is the recorded validation; `docs/simulator.md` has the command to validate your own
-# runs, and says which points miss and why.
+# dozen requests, so its percentiles are estimates); the green band is +-10%. This is the recorded validation;
+# `docs/simulator.md` has the command to validate your own runs, and says which points miss and why.
 
 # %%
 from pdlab.report import validation_figure

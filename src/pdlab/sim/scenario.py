@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimSpec
 from pdlab.sim.catalog import Catalog, Link, ModelShape, catalog_dir, load_catalog
 from pdlab.sim.costs import RooflineCost, ServingOverheads, StepCost, TransferCost, load_profile
-from pdlab.sim.engine import Instance, Simulation
+from pdlab.sim.engine import Instance, SimRequest, Simulation
 from pdlab.sim.engine import Link as LinkQueue
 from pdlab.sim.summary import summarize
 from pdlab.sim.workload import Arrival, arrivals
@@ -103,14 +104,18 @@ def build(prepared: Prepared) -> Simulation:
     )
 
 
+def summarize_requests(spec: SimSpec, requests: Sequence[SimRequest]) -> dict:
+    """Finished requests' summary (same shape as a measured run's) with `spec`'s stall threshold and SLOs."""
+    return summarize(requests, stall_ms=spec.stall_ms, ttft_slo_ms=spec.slo.ttft_ms, tpot_slo_ms=spec.slo.tpot_ms)
+
+
 def simulate(spec: SimSpec, *, catalog: Catalog | None = None, prepared: Prepared | None = None,
              requests: list[Arrival] | None = None) -> tuple[dict, Simulation]:
     """Run `spec`; returns the summary (same shape as a measured run's) and the finished simulation."""
     prepared = prepared or prepare(spec, catalog)
     sim = build(prepared)
     finished = sim.run(requests if requests is not None else arrivals(spec.workload))
-    summary = summarize(finished, stall_ms=spec.stall_ms, ttft_slo_ms=spec.slo.ttft_ms,
-                        tpot_slo_ms=spec.slo.tpot_ms)
+    summary = summarize_requests(spec, finished)
     summary["scenario"] = spec.name
     summary["cost_model"] = prepared.cost_source
     summary["link"] = {"bandwidth_gbps": prepared.link.bandwidth_gbps, "latency_us": prepared.link.latency_us,

@@ -27,8 +27,7 @@ from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
 from pdlab.settings import DEFAULT_ROUTING_THRESHOLD, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
 from pdlab.sim.engine import Simulation
-from pdlab.sim.scenario import build, prepare
-from pdlab.sim.summary import summarize
+from pdlab.sim.scenario import build, prepare, summarize_requests
 from pdlab.sim.workload import Arrival
 
 COLUMNS = {
@@ -311,9 +310,7 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
         sim = build(prepare(replay.spec))
         sim.run(replay.arrivals)
         simulations.append(sim)
-    spec = replays[0].spec
-    simulated = summarize([r for sim in simulations for r in sim.requests], stall_ms=spec.stall_ms,
-                          ttft_slo_ms=spec.slo.ttft_ms, tpot_slo_ms=spec.slo.tpot_ms)
+    simulated = summarize_requests(replays[0].spec, [r for sim in simulations for r in sim.requests])
     rows = [row for replay in replays for row in replay.rows]
     errors = compare(measured_metrics(rows), simulated)
     intervals = sampling_intervals(rows)
