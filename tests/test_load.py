@@ -54,14 +54,17 @@ def test_streams_are_timed_token_by_token(builder, tmp_path, api):
 def test_a_burst_reaches_the_server_in_schedule_order(builder, tmp_path):
     """Requests due at one instant (a trace's tied timestamps) must arrive in schedule order: a burst at the start,
     and one after the server closed the idle connections and while it is busy (a blocking prefill). Users sleeping
-    until one instant wake in no particular order, and used to send in it."""
+    until one instant wake in no particular order, and used to send in it; a request on its way also yields to the
+    others before its bytes leave (urllib3's connection check). The stand-in runs on asyncio's loop: uvloop may hand
+    requests that arrived together to the app last-first, which no client can prevent."""
     burst = ["hello"] * 8
     prompts = [*burst, "word " * 4000, *burst]  # the long one blocks the server for 0.4 s from 1.8 s on
     offsets = [0.0] * 8 + [1.8] + [2.0] * 8
     items = [ScheduledRequest(f"r{i:05d}", offset, "short", prompt, len(prompt.split()) + 1, 2)
              for i, (offset, prompt) in enumerate(zip(offsets, prompts, strict=True))]
     schedule = write_schedule(items, tmp_path / "schedule.jsonl")
-    with standin(next(PORTS), "--keep-alive-s", "1", "--blocking-prefill", "--prefill-us-per-token", "100") as url:
+    with standin(next(PORTS), "--keep-alive-s", "1", "--blocking-prefill", "--prefill-us-per-token", "100",
+                 "--event-loop", "asyncio") as url:
         result = run_load(url, schedule, tmp_path, "pdlab-standin", progress=False)
         received = [r["request_id"] for r in httpx.get(url + "/standin/records").json()["requests"]
                     if r["path"] == "/v1/completions"]

@@ -16,6 +16,8 @@ connection (`ScheduledUser.warm`). Besides the raw rows, TTFT, ITL and E2E are f
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import time
 from typing import Any
 
@@ -31,8 +33,9 @@ from pdlab.load.schedule import ScheduledRequest, read_schedule
 from pdlab.settings import PATH_HEADER, PREFILL_MS_HEADER, REQUEST_ID_HEADER
 from pdlab.sse import STREAM_OPTIONS, StreamRecord
 
-#: The longest a request waits for the one due at the same instant before it (`Feed.wait_turn`).
-_TIE_WAIT_S = 0.05
+#: The longest a request waits for the one due at the same instant before it to leave (`Feed.wait_turn`): past
+#: it the load generator is overloaded (`late_s` shows it) or that request's connection stalled.
+_TIE_WAIT_S = 0.5
 #: A user whose connection will have idled this long by its next send (or that has none yet) opens it first:
 #: requests sent over new connections at one instant reached vLLM last-first (measured on a tied burst), and
 #: servers close idle connections (uvicorn and vLLM after 5 s unless told otherwise: settings.HTTP_KEEP_ALIVE_S).
@@ -62,7 +65,8 @@ class Feed:
         self.t0: float | None = None
         self.all_done = Event()
         self.sent = [Event() for _ in schedule]
-        """Set as each request goes out: requests due at one instant go in schedule order (`wait_turn`)."""
+        """Set once each request's body has been written (`SentBody`): requests due at one instant go in schedule
+        order (`wait_turn`)."""
         if not schedule:
             self.all_done.set()
 
@@ -76,15 +80,13 @@ class Feed:
         return index, self.schedule[index]
 
     def wait_turn(self, index: int) -> None:
-        """Let the request before `index` go first when both are due at the same instant, then mark `index` as
-        going: the caller sends it next, with no greenlet switch before its bytes leave on an open connection
-        (`send` records its start, then writes; pdlab's servers keep idle connections, settings.HTTP_KEEP_ALIVE_S).
-        Users sleeping until one instant wake in no particular order (gevent's timers count from each user's own
-        "now"); a trace's tied timestamps must still arrive as the trace lists them. Bounded: a late predecessor
-        does not hold this one back for long."""
+        """When the request before `index` is due at the same instant, wait until its bytes have left. Users
+        sleeping until one instant wake in no particular order (gevent's timers count from each user's own "now"),
+        and a request on its way yields too (urllib3 polls the pooled connection before writing, and gevent's poll
+        switches greenlets even with a zero timeout); a trace's tied timestamps must still arrive as the trace lists
+        them. Bounded: a late predecessor does not hold this one back for long."""
         if index and self.schedule[index - 1].offset_s == self.schedule[index].offset_s:
             self.sent[index - 1].wait(timeout=_TIE_WAIT_S)
-        self.sent[index].set()
 
     def finish(self, row: dict[str, Any]) -> None:
         self.rows.write(row)
@@ -148,7 +150,10 @@ class ScheduledUser(HttpUser):
         if delay > 0:
             gevent.sleep(delay)
         self.feed.wait_turn(index)
-        self.feed.finish(self.send(item))
+        try:
+            self.feed.finish(self.send(item, self.feed.sent[index]))
+        finally:
+            self.feed.sent[index].set()  # a request that failed before writing does not hold the next one back
         self.idle_since = time.perf_counter()
 
     def warm(self) -> None:
@@ -169,7 +174,8 @@ class ScheduledUser(HttpUser):
             return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": item.prompt}]}
         return "/v1/completions", {**common, "prompt": item.prompt}
 
-    def send(self, item: ScheduledRequest) -> dict[str, Any]:
+    def send(self, item: ScheduledRequest, sent: Event) -> dict[str, Any]:
+        """Send `item`, stream its answer, return its row; `sent` is set once the request's bytes have left."""
         path, body = self.body(item)
         record = StreamRecord()
         row: dict[str, Any] = {"request_id": item.request_id, "cls": item.cls, "scheduled_s": item.offset_s,
@@ -181,8 +187,8 @@ class ScheduledUser(HttpUser):
         row["late_s"] = round(row["start_s"] - item.offset_s, 6)
         status = "ok"
         try:
-            with self.client.post(path, json=body, stream=True, catch_response=True, name=f"{item.cls}",
-                                  headers={REQUEST_ID_HEADER: item.request_id},
+            with self.client.post(path, data=SentBody(body, sent), stream=True, catch_response=True, name=f"{item.cls}",
+                                  headers={REQUEST_ID_HEADER: item.request_id, "Content-Type": "application/json"},
                                   timeout=self.environment.parsed_options.pdlab_timeout) as response:
                 row["http_status"] = response.status_code or 0
                 row["path"] = response.headers.get(PATH_HEADER, "") if response.status_code else ""
@@ -236,6 +242,22 @@ class ScheduledUser(HttpUser):
                  exception=None, context={})
         fire(request_type="E2E", name=cls, response_time=times[-1] * 1000, response_length=0, exception=None,
              context={})
+
+
+class SentBody(io.BytesIO):
+    """A request's JSON body that sets `sent` when read to its end: urllib3 reads a file body chunk by chunk,
+    writing each before reading the next, so the end is read once the last byte is in the socket. requests sizes it
+    (Content-Length), so it goes out exactly as `json=` would."""
+
+    def __init__(self, body: dict[str, Any], sent: Event):
+        super().__init__(json.dumps(body).encode())
+        self.sent = sent
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if not data:
+            self.sent.set()
+        return data
 
 
 def _is_timeout(error: BaseException | None) -> bool:
