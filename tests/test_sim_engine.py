@@ -67,6 +67,20 @@ def test_serving_overheads_delay_the_request_and_the_hand_off_by_exactly_their_a
     assert first_token(ServingOverheads(request_s=0.02, handoff_s=0.005)) == pytest.approx(plain + 0.025)
 
 
+@pytest.mark.parametrize(("streams", "first_token_s"), [(1, 0.520), (2, 0.530)])
+def test_a_request_reaches_the_queue_later_by_the_streams_its_instance_serves(streams: int, first_token_s: float
+                                                                             ) -> None:
+    """10 ms steps from 0 on, `streams` sequences decoding, a prompt arriving at 0.501 s with 5 ms per stream: one
+    stream holds it to 0.506 (it still joins the step from 0.51, first token at 0.52), two to 0.511 (the step from
+    0.52, first token at 0.53). Streams that arrived together pay nothing (none was running yet)."""
+    flat = FittedCost((0.010, 0.0, 0.0, 0.0, 0.0, 0.0))
+    inst = instance("c", "colocated", cost=flat)
+    sim = Simulation(router=RouterSettings(), colocated=[inst], overheads=ServingOverheads(request_per_stream_s=0.005))
+    *background, probe = sim.run([Arrival(0.0, 8, 200, "stream")] * streams + [Arrival(0.501, 16, 1, "probe")])
+    assert all(token_times(r)[0] == pytest.approx(0.010) for r in background)
+    assert token_times(probe)[0] == pytest.approx(first_token_s)
+
+
 def test_a_kv_read_beside_a_busy_prefill_instance_waits_for_its_step_to_end() -> None:
     """Two prompts back to back on one prefill instance: the first one's read is posted while the second one is
     prefilled in 512-token steps. With `transfer_waits_for_sender` it starts when that step ends, then takes its
@@ -171,9 +185,10 @@ def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> 
 def test_a_profile_with_step_variation_as_a_factor_is_refused_with_what_to_do() -> None:
     with pytest.raises(ValueError, match="re-fit it with `pdlab sim calibrate --from-runs"):
         ServingOverheads.from_json({"request_ms": 3.0, "step_quantiles": [0.5, 1.0, 1.5]})
-    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002), transfer_waits_for_sender=True)
+    round_trip = ServingOverheads(0.003, 0.004, (-0.001, 0.0, 0.002), transfer_waits_for_sender=True,
+                                  request_per_stream_s=0.0015)
     again = ServingOverheads.from_json(round_trip.to_json())
-    assert (again.request_s, again.handoff_s) == pytest.approx((0.003, 0.004))
+    assert (again.request_s, again.handoff_s, again.request_per_stream_s) == pytest.approx((0.003, 0.004, 0.0015))
     assert again.step_jitter_s == pytest.approx(round_trip.step_jitter_s) and again.transfer_waits_for_sender
     assert not ServingOverheads.from_json({}).transfer_waits_for_sender  # not unless a profile says so
 

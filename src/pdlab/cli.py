@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pdlab.benchmarks.admission import DEFAULT_GAPS_MS as ADMISSION_GAPS_MS
 from pdlab.benchmarks.prefill import DEFAULT_LENGTHS as PREFILL_LENGTHS
+from pdlab.benchmarks.streams import DEFAULT_STREAMS as STREAMS_COUNTS
 from pdlab.cluster.cli import app as cluster_app
 from pdlab.experiment import cli as experiment_cli
 from pdlab.netlab.cli import app as netlab_app
@@ -271,6 +272,54 @@ def bench_admission(
         censored = " (at least: the widest gap still shared; probe wider gaps)" if instance["window_censored"] else ""
         console.print(f"{instance['name']} ({instance['role']}): shared the first step at {shared}; "
                       f"window {instance['window_ms']:.1f} ms{censored}")
+    console.print(f"written: {result['path']}")
+
+
+@bench_app.command("streams")
+def bench_streams(
+    lab: Path = typer.Argument(Path("labs/local-1p1d.yaml"),
+                               help="Lab spec whose deployment to start and probe (each instance that decodes)."),
+    url: str = typer.Option(None, help="Probe this running instance instead of starting the lab's deployment."),
+    role: str = typer.Option(None, help="With --url: the instance's role (colocated or decode)."),
+    streams: str = typer.Option(",".join(map(str, STREAMS_COUNTS)),
+                                help="Counts of background streams, comma-separated, ascending."),
+    repeats: int = typer.Option(24, min=1, help="Short prompts timed per count."),
+    prompt_words: int = typer.Option(48, min=1, help="Words per short prompt (one or two tokens each)."),
+    out: Path = typer.Option(None, help="Output JSON (default: data/results/streams/<timestamp>.json)."),
+) -> None:
+    """Time short prompts while an instance streams 0, 1, 2, ... long answers: how a request's way in grows with
+    the streams its API server serves, the simulator's per-stream request overhead (`pdlab sim calibrate
+    --from-runs ... --streams-probe FILE`)."""
+    from pdlab.benchmarks import streams as bench
+    from pdlab.deploy import Deployment
+
+    try:
+        counts = bench.check_streams(_ints(streams, "--streams"))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--streams") from None
+    decoding = ("colocated", "decode")
+    if url and role not in decoding:
+        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: {', '.join(decoding)}",
+                                 param_hint="--role")
+    try:
+        if url:
+            result = bench.run([("instance", role, url.rstrip("/"))], counts, repeats=repeats,
+                               prompt_words=prompt_words, out=out)
+        else:
+            spec = _load_deployment(lab)
+            with Deployment(spec, console=console) as dep:
+                targets = [(inst.spec.name, inst.spec.role, inst.url) for inst in dep.instances
+                           if inst.spec.role in decoding]
+                console.print(f"probing {', '.join(name for name, _, _ in targets)} in turn")
+                result = bench.run(targets, counts, repeats=repeats, prompt_words=prompt_words, out=out,
+                                   deployment=spec.name)
+    except bench.ProbeError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    for instance in result["instances"]:
+        medians = ", ".join(f"{p['streams']}: {p['median_ttft_s'] * 1e3:.1f}" for p in instance["points"])
+        console.print(f"{instance['name']} ({instance['role']}): median TTFT ms by streams {medians}; "
+                      f"{instance['slope_ms_per_stream']:.2f} ms per stream")
     console.print(f"written: {result['path']}")
 
 

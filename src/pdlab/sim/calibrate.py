@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdlab.sim.costs import CalibrationPoint, FittedCost, ServingOverheads, fit_profile
 
@@ -208,8 +208,6 @@ def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: 
 def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int) -> float:
     """What the simulator says one request of `prompt_tokens` takes to its first token on an idle instance with
     vLLM's CPU scheduler defaults (the prompt chunked by the token budget): what `pdlab bench prefill` measures."""
-    from dataclasses import replace
-
     from pdlab.config.router import RouterSettings
     from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
     from pdlab.sim.engine import Instance, Simulation
@@ -224,9 +222,52 @@ def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int
     return float(token_times(request)[0])
 
 
+def streams_probe_ttft(cost: FittedCost, overheads: ServingOverheads, role: str, streams: int, prompt_tokens: int,
+                       probes: int = 101) -> float:
+    """What the simulator says `pdlab bench streams` measures: the median time to first token of short prompts of
+    `prompt_tokens`, sent one at a time to an instance of `role` that decodes `streams` long answers, at phases
+    spread over its steps."""
+    from pdlab.benchmarks.streams import STREAM_TOKENS
+    from pdlab.config.router import RouterSettings
+    from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
+    from pdlab.sim.engine import Instance, Simulation
+    from pdlab.sim.summary import token_times
+    from pdlab.sim.workload import Arrival
+
+    inst = Instance(name="probe", role=role, cost=cost, budget=VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
+                    max_seqs=VLLM_CPU_MAX_NUM_SEQS, kv_capacity=(streams + 1) * (STREAM_TOKENS + prompt_tokens))
+    background = [Arrival(0.0, 8, STREAM_TOKENS, "stream") for _ in range(streams)]
+    # A probe every ~0.1 s once the streams decode (each is answered within a few steps), its phase moving by
+    # 1.7 ms each time so that the probes fall all over a step.
+    shorts = [Arrival(1.0 + i * 0.1017, prompt_tokens, 1, "probe") for i in range(probes)]
+    sim = Simulation(router=RouterSettings(), colocated=[inst], overheads=overheads)
+    done = sim.run(background + shorts)
+    ttfts = sorted(float(token_times(r)[0]) - r.arrival.at_s for r in done if r.arrival.cls == "probe")
+    return ttfts[len(ttfts) // 2]
+
+
+def per_stream_overhead_s(cost: FittedCost, overheads: ServingOverheads, instances: Sequence[dict]
+                          ) -> tuple[float, list[dict]]:
+    """The request overhead per running stream: how much faster a short prompt's TTFT grows with the streams
+    beside it (`pdlab bench streams`, each probed instance's slope from one stream on) than the simulator's steps
+    make it grow, averaged over the instances probed; never below zero. Also each instance's two slopes (ms)."""
+    from pdlab.benchmarks.streams import slope_per_stream
+
+    base = replace(overheads, request_per_stream_s=0.0)
+    found = []
+    for inst in instances:
+        simulated = [(k, streams_probe_ttft(cost, base, inst["role"], k, inst["prompt_tokens"]))
+                     for k, _ in inst["points"]]
+        found.append({"role": inst["role"], "measured_ms_per_stream": slope_per_stream(inst["points"]) * 1e3,
+                      "simulated_ms_per_stream": slope_per_stream(simulated) * 1e3})
+    excess = [f["measured_ms_per_stream"] - f["simulated_ms_per_stream"] for f in found]
+    return max(sum(excess) / len(excess), 0.0) / 1e3, found
+
+
 def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_evaluations: int = 3000,
                 prefill_probe: list[tuple[int, float]] | None = None, probe_source: str | None = None,
                 admission_ms: dict[str, float] | None = None, admission_sources: Sequence[str] = (),
+                streams_probe: Sequence[dict] | None = None, streams_sources: Sequence[str] = (),
                 sender_gated: bool = True,
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
@@ -240,13 +281,15 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes moves at a
     fitted rate for as long as it keeps computing (`ServingOverheads.busy_sender_bytes_per_s`), and each run's
     mean KV transfer time as vLLM measured it (`kv.json`) joins the errors. `admission_ms` (per instance role,
-    from `pdlab bench admission`) is held: runs with Poisson arrivals rarely show it; the bench measures it.
+    from `pdlab bench admission`) is held: runs with Poisson arrivals rarely show it; the bench measures it. So is
+    the request overhead per running stream, from `streams_probe` (`pdlab bench streams` results, as read by
+    `benchmarks.streams.load_points`), priced with the start profile's costs (`per_stream_overhead_s`): the
+    calibration runs' short probes seldom arrive beside running streams.
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
     percentiles the simulator is asked to predict are; the simulator's structure (scheduler, token budget, P/D
     hand-off) carries the rest. Validate on other runs than these."""
-    from dataclasses import replace
     from pathlib import Path
 
     import numpy as np
@@ -276,12 +319,15 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     busy_start = [start_overheads.busy_sender_bytes_per_s or DEFAULT_BUSY_SENDER_BYTES_PER_S] if sender_gated else []
 
     admission_s = {role: ms / 1e3 for role, ms in (admission_ms or {}).items()}
+    per_stream_s, per_stream_found = per_stream_overhead_s(
+        start_cost, replace(start_overheads, step_jitter_s=jitter, admission_s=admission_s), streams_probe) \
+        if streams_probe else (0.0, [])
 
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:6])), ServingOverheads(
             float(values[6]), float(values[7]), jitter, sender_gated,
-            float(values[9]) if sender_gated else 0.0, admission_s), float(values[8])
+            float(values[9]) if sender_gated else 0.0, admission_s, per_stream_s), float(values[8])
 
     transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 
@@ -351,13 +397,19 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
            if prefill_probe else {}),
         **({"admission_probe": {"sources": list(admission_sources), "window_ms": admission_ms}}
            if admission_ms else {}),
+        **({"streams_probe": {"sources": list(streams_sources), "per_stream_ms": per_stream_s * 1e3,
+                              "instances": per_stream_found,
+                              "method": "measured minus simulated TTFT slope over the streams (start profile's "
+                                        "costs), mean over the instances probed"}}
+           if streams_probe else {}),
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
                           f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
                 "start": start or DEFAULT_START_PROFILE,
                 "evaluations": evaluations, "objective": float(best.fun)},
         "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs)
                   + (f" --prefill-probe {probe_source}" if prefill_probe else "")
-                  + "".join(f" --admission-probe {path}" for path in admission_sources),
+                  + "".join(f" --admission-probe {path}" for path in admission_sources)
+                  + "".join(f" --streams-probe {path}" for path in streams_sources),
         "dtype_bytes": 4,
         "environment": capture(),
     }

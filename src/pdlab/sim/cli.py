@@ -82,6 +82,9 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                                              "the admission window per instance role from "
                                                              "`pdlab bench admission` results (held, not fitted; "
                                                              "repeatable)."),
+                  streams_probe: list[Path] = typer.Option(None, "--streams-probe", help="--from-runs: take the "
+                                                           "request overhead per running stream from `pdlab bench "
+                                                           "streams` results (held, not fitted; repeatable)."),
                   sender_gated: bool = typer.Option(True, help="--from-runs: KV reads crawl while the prefill "
                                                     "instance computes (rate fitted), as on pdlab's CPU tier "
                                                     "(`pdlab bench transfer`); --no-sender-gated for runs whose "
@@ -91,12 +94,14 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     measured runs (step costs plus serving overheads and step-time variation)."""
     from pdlab.benchmarks.admission import load_windows_ms
     from pdlab.benchmarks.prefill import load_points
+    from pdlab.benchmarks.streams import load_points as load_streams_points
     from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
     from pdlab.sim.calibrate import CalibrationGrid, calibrate, fit_to_runs
     from pdlab.sim.validate import RunDirError
 
-    for given, option in ((prefill_probe, "--prefill-probe"), (admission_probe or None, "--admission-probe")):
+    for given, option in ((prefill_probe, "--prefill-probe"), (admission_probe or None, "--admission-probe"),
+                          (streams_probe or None, "--streams-probe")):
         if given is not None and not from_runs:
             console.print(f"[red]error:[/red] {option} goes with --from-runs (it is used in fitting to runs)")
             raise typer.Exit(code=2)
@@ -109,11 +114,14 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
         try:
             probe = load_points(prefill_probe) if prefill_probe is not None else None
             windows_ms = {role: ms for path in admission_probe or () for role, ms in load_windows_ms(path).items()}
+            streams = [inst for path in streams_probe or () for inst in load_streams_points(path)]
             with console.status(f"fitting {model} to {len(runs)} runs ...") as status:
                 profile = fit_to_runs(runs, model, start=start, max_evaluations=evaluations,
                                       prefill_probe=probe, probe_source=str(prefill_probe) if probe else None,
                                       admission_ms=windows_ms or None,
                                       admission_sources=[str(path) for path in admission_probe or ()],
+                                      streams_probe=streams or None,
+                                      streams_sources=[str(path) for path in streams_probe or ()],
                                       sender_gated=sender_gated,
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
@@ -129,6 +137,9 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     fitted = f"{len(profile['points'])} points" if "points" in profile else f"{len(runs)} runs"
     console.print(f"fitted {fitted}, fit error mean {profile['fit_error_pct']['mean']:.1f}% "
                   f"max {profile['fit_error_pct']['max']:.1f}%: {out}")
+    if streamed := profile.get("streams_probe"):
+        console.print(f"streams probe: {streamed['per_stream_ms']:.2f} ms per running stream beside what the steps "
+                      "explain")
     if probed := profile.get("prefill_probe"):
         console.print(f"prefill probe: {len(probed['points'])} lengths, error mean "
                       f"{probed['error_pct']['mean']:.1f}% max {probed['error_pct']['max']:.1f}%")

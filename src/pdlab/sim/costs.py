@@ -201,7 +201,12 @@ class ServingOverheads:
       request, takes in every request queued by then, and on a CPU server the API server, the engine and (on P/D
       instances) NIXL's progress threads share one core: `pdlab bench admission` measured 0.4-0.7 ms on colocated
       instances and 1.0-2.4 ms on P/D ones, from one hour to the next (data/results/admission/). A step started
-      the instant the first request arrived would serve a trace's tied burst one prompt at a time.
+      the instant the first request arrived would serve a trace's tied burst one prompt at a time;
+    - `request_per_stream_s`: more of `request_s` per sequence decoding on the instance the request reaches (on
+      the P/D path, the decode instance's share comes with the router's second request): its API server shares
+      the core with the engine and streams every running sequence's tokens, so a new request is read, tokenized
+      and handed over later the more streams it serves. `pdlab bench streams` measures how a short prompt's TTFT
+      grows with the streams beside it; what the step costs do not explain of that is this (held in the fit).
     Zero (and False) for roofline (GPU) costs, which describe the engine alone."""
 
     request_s: float = 0.0
@@ -210,6 +215,7 @@ class ServingOverheads:
     transfer_waits_for_sender: bool = False
     busy_sender_bytes_per_s: float = 0.0
     admission_s: dict[str, float] = field(default_factory=dict)
+    request_per_stream_s: float = 0.0
 
     def step_jitters(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
         """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none)."""
@@ -222,7 +228,8 @@ class ServingOverheads:
             yield from np.interp(rng.random(block), probs, self.step_jitter_s).tolist()
 
     def to_json(self) -> dict:
-        return {"request_ms": self.request_s * 1e3, "handoff_ms": self.handoff_s * 1e3,
+        return {"request_ms": self.request_s * 1e3, "request_per_stream_ms": self.request_per_stream_s * 1e3,
+                "handoff_ms": self.handoff_s * 1e3,
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
                 "transfer_waits_for_sender": self.transfer_waits_for_sender,
                 "busy_sender_mb_s": self.busy_sender_bytes_per_s / 1e6,
@@ -235,6 +242,7 @@ class ServingOverheads:
             raise ValueError("this profile's overheads have `step_quantiles` (step variation as a factor, an "
                              "earlier pdlab); re-fit it with `pdlab sim calibrate --from-runs RUN_DIRS`")
         return cls(request_s=float(data.get("request_ms", 0.0)) / 1e3,
+                   request_per_stream_s=float(data.get("request_per_stream_ms", 0.0)) / 1e3,
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
                    transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)),

@@ -214,8 +214,22 @@ class Simulation:
             request.failed = f"sequence longer than {target.name}'s KV cache"
             return
         target.in_flight += 1
-        target.prefill_queue.append(request)
-        self._wake(target)
+        self._reach(target, request)
+
+    def _reach(self, inst: Instance, request: SimRequest) -> None:
+        """`request` reaches `inst`'s API server: it joins the waiting queue after the streams `inst` serves now
+        have held it up (`ServingOverheads.request_per_stream_s`)."""
+        held = self.overheads.request_per_stream_s * inst.running
+        if held > 0:
+            self.env.process(self._join_after(inst, request, held))
+        else:
+            inst.prefill_queue.append(request)
+            self._wake(inst)
+
+    def _join_after(self, inst: Instance, request: SimRequest, held: float):
+        yield self.env.timeout(held)
+        inst.prefill_queue.append(request)
+        self._wake(inst)
 
     # -- instances ----------------------------------------------------------------------------------------------
     def _step_end(self, inst: Instance) -> simpy.Event:
@@ -341,8 +355,7 @@ class Simulation:
         request.prefill_host = prefill
         # It waits in the decode instance's queue with its prompts; vLLM's scheduler gives it KV space, and the
         # connector posts its read, between steps (`_plan_step`).
-        decode.prefill_queue.append(request)
-        self._wake(decode)
+        self._reach(decode, request)
 
     def _while_sender_busy(self, request: SimRequest, prefill: Instance):
         """Move the read while `prefill` computes; the share of it left for the link's speed. Without a busy rate
