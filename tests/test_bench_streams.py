@@ -70,7 +70,8 @@ def test_the_slope_leaves_out_the_idle_instance_and_bad_counts_are_refused(tmp_p
 
 def test_the_overhead_is_the_slope_the_steps_do_not_explain() -> None:
     """A simulated instance with a known per-stream overhead, probed as the bench probes: the overhead recovered
-    from its TTFTs is that overhead; with none, none (the steps' own growth is not counted twice)."""
+    from its TTFTs is that overhead; with none, none (the steps' own growth is not counted twice); on a slower
+    machine, the same."""
     cost = FittedCost((0.008, 0.0003, 0.0, 0.0001, 1e-6, 0.0))
     plain = ServingOverheads(request_s=0.003)
 
@@ -81,5 +82,10 @@ def test_the_overhead_is_the_slope_the_steps_do_not_explain() -> None:
 
     none, found = per_stream_overhead_s(cost, plain, [probed(0.0)])
     assert none == pytest.approx(0.0, abs=2e-4) and found[0]["simulated_ms_per_stream"] > 0
-    recovered, _ = per_stream_overhead_s(cost, plain, [probed(0.002)])
-    assert recovered == pytest.approx(0.002, rel=0.15)
+    recovered, found = per_stream_overhead_s(cost, plain, [probed(0.002)])
+    assert recovered == pytest.approx(0.002, rel=0.15) and found[0]["speed_scale"] == pytest.approx(1.0)
+    # the same instance on a machine twice as slow: the probe is scaled back to the costs' speed
+    slow = probed(0.002)
+    slow["points"] = [(k, 2 * seconds) for k, seconds in slow["points"]]
+    again, found = per_stream_overhead_s(cost, plain, [slow])
+    assert again == pytest.approx(recovered) and found[0]["speed_scale"] == pytest.approx(0.5)

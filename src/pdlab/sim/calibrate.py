@@ -250,7 +250,12 @@ def per_stream_overhead_s(cost: FittedCost, overheads: ServingOverheads, instanc
                           ) -> tuple[float, list[dict]]:
     """The request overhead per running stream: how much faster a short prompt's TTFT grows with the streams
     beside it (`pdlab bench streams`, each probed instance's slope from one stream on) than the simulator's steps
-    make it grow, averaged over the instances probed; never below zero. Also each instance's two slopes (ms)."""
+    make it grow, averaged over the instances probed; never below zero. Also, per instance, the two slopes (ms) and
+    the speed scale.
+
+    The machine's speed moves between sittings (a bench taken an afternoon after the calibration runs timed the same
+    prompts 2.1 times slower), so a probe with a point beside no stream is first scaled to the costs': its slope
+    times the simulated over the measured TTFT beside none. The probe gives the shape, the runs the speed."""
     from pdlab.benchmarks.streams import slope_per_stream
 
     base = replace(overheads, request_per_stream_s=0.0)
@@ -258,9 +263,11 @@ def per_stream_overhead_s(cost: FittedCost, overheads: ServingOverheads, instanc
     for inst in instances:
         simulated = [(k, streams_probe_ttft(cost, base, inst["role"], k, inst["prompt_tokens"]))
                      for k, _ in inst["points"]]
+        idle = [(measured, sim) for (k, measured), (_, sim) in zip(inst["points"], simulated, strict=True) if k == 0]
+        scale = idle[0][1] / idle[0][0] if idle else 1.0
         found.append({"role": inst["role"], "measured_ms_per_stream": slope_per_stream(inst["points"]) * 1e3,
-                      "simulated_ms_per_stream": slope_per_stream(simulated) * 1e3})
-    excess = [f["measured_ms_per_stream"] - f["simulated_ms_per_stream"] for f in found]
+                      "speed_scale": scale, "simulated_ms_per_stream": slope_per_stream(simulated) * 1e3})
+    excess = [f["measured_ms_per_stream"] * f["speed_scale"] - f["simulated_ms_per_stream"] for f in found]
     return max(sum(excess) / len(excess), 0.0) / 1e3, found
 
 
@@ -399,8 +406,9 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
            if admission_ms else {}),
         **({"streams_probe": {"sources": list(streams_sources), "per_stream_ms": per_stream_s * 1e3,
                               "instances": per_stream_found,
-                              "method": "measured minus simulated TTFT slope over the streams (start profile's "
-                                        "costs), mean over the instances probed"}}
+                              "method": "measured TTFT slope over the streams, scaled by simulated over measured "
+                                        "TTFT beside none, minus the simulated slope (start profile's costs), mean "
+                                        "over the instances probed"}}
            if streams_probe else {}),
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
                           f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
