@@ -205,20 +205,27 @@ def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: 
     return starts
 
 
-def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int) -> float:
-    """What the simulator says one request of `prompt_tokens` takes to its first token on an idle instance with
-    vLLM's CPU scheduler defaults (the prompt chunked by the token budget): what `pdlab bench prefill` measures."""
+def _probed(cost: FittedCost, overheads: ServingOverheads, role: str, kv_capacity: int, arrivals: list) -> list:
+    """Run `arrivals` on one instance of `role` with vLLM's CPU scheduler defaults, as the benches find it (nothing
+    else running): the simulated requests."""
     from pdlab.config.router import RouterSettings
     from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
     from pdlab.sim.engine import Instance, Simulation
+
+    alone = Instance(name="probe", role=role, cost=cost, budget=VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
+                     max_seqs=VLLM_CPU_MAX_NUM_SEQS, kv_capacity=kv_capacity)
+    return Simulation(router=RouterSettings(), colocated=[alone], overheads=overheads).run(arrivals)
+
+
+def probe_ttft(cost: FittedCost, overheads: ServingOverheads, prompt_tokens: int) -> float:
+    """What the simulator says one request of `prompt_tokens` takes to its first token on an idle instance with
+    vLLM's CPU scheduler defaults (the prompt chunked by the token budget): what `pdlab bench prefill` measures."""
     from pdlab.sim.summary import token_times
     from pdlab.sim.workload import Arrival
 
-    alone = Instance(name="probe", role="colocated", cost=cost, budget=VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
-                     max_seqs=VLLM_CPU_MAX_NUM_SEQS, kv_capacity=prompt_tokens + 16)
     # The probe keeps the fastest of its repeats, so the step jitter (mostly delays) is left out here.
-    sim = Simulation(router=RouterSettings(), colocated=[alone], overheads=replace(overheads, step_jitter_s=()))
-    [request] = sim.run([Arrival(0.0, prompt_tokens, 1, "probe")])
+    [request] = _probed(cost, replace(overheads, step_jitter_s=()), "colocated", prompt_tokens + 16,
+                        [Arrival(0.0, prompt_tokens, 1, "probe")])
     return float(token_times(request)[0])
 
 
@@ -228,20 +235,14 @@ def streams_probe_ttft(cost: FittedCost, overheads: ServingOverheads, role: str,
     `prompt_tokens`, sent one at a time to an instance of `role` that decodes `streams` long answers, at phases
     spread over its steps."""
     from pdlab.benchmarks.streams import STREAM_TOKENS
-    from pdlab.config.router import RouterSettings
-    from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
-    from pdlab.sim.engine import Instance, Simulation
     from pdlab.sim.summary import token_times
     from pdlab.sim.workload import Arrival
 
-    inst = Instance(name="probe", role=role, cost=cost, budget=VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
-                    max_seqs=VLLM_CPU_MAX_NUM_SEQS, kv_capacity=(streams + 1) * (STREAM_TOKENS + prompt_tokens))
     background = [Arrival(0.0, 8, STREAM_TOKENS, "stream") for _ in range(streams)]
     # A probe every ~0.1 s once the streams decode (each is answered within a few steps), its phase moving by
     # 1.7 ms each time so that the probes fall all over a step.
     shorts = [Arrival(1.0 + i * 0.1017, prompt_tokens, 1, "probe") for i in range(probes)]
-    sim = Simulation(router=RouterSettings(), colocated=[inst], overheads=overheads)
-    done = sim.run(background + shorts)
+    done = _probed(cost, overheads, role, (streams + 1) * (STREAM_TOKENS + prompt_tokens), background + shorts)
     ttfts = sorted(float(token_times(r)[0]) - r.arrival.at_s for r in done if r.arrival.cls == "probe")
     return ttfts[len(ttfts) // 2]
 
