@@ -225,6 +225,29 @@ def bench_prefill(
     console.print(f"written: {result['path']}")
 
 
+def _probe_instances(lab: Path, url: str | None, role: str | None, roles: tuple[str, ...],
+                     probe: typing.Callable[[list[tuple[str, str, str]], str | None], dict]) -> dict:
+    """Run a bench's `probe(targets, deployment name)` on `url` (an instance of `role`, one of `roles`), or on the
+    instances of `roles` in the lab's deployment, started here and stopped after; a probe error ends the command."""
+    from pdlab.benchmarks.prefill import ProbeError
+    from pdlab.deploy import Deployment
+
+    if url and role not in roles:
+        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: {', '.join(roles)}",
+                                 param_hint="--role")
+    try:
+        if url:
+            return probe([("instance", str(role), url.rstrip("/"))], None)
+        spec = _load_deployment(lab)
+        with Deployment(spec, console=console) as dep:
+            targets = [(inst.spec.name, inst.spec.role, inst.url) for inst in dep.instances if inst.spec.role in roles]
+            console.print(f"probing {', '.join(name for name, _, _ in targets)} in turn")
+            return probe(targets, spec.name)
+    except ProbeError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+
+
 @bench_app.command("admission")
 def bench_admission(
     lab: Path = typer.Argument(Path("labs/local-1p1d.yaml"),
@@ -242,30 +265,13 @@ def bench_admission(
     --admission-probe FILE`)."""
     from pdlab.benchmarks import admission
     from pdlab.config.deployment import Role
-    from pdlab.deploy import Deployment
 
     try:
         wanted = admission.check_gaps([float(part) for part in gaps.split(",") if part.strip()])
     except ValueError as error:
         raise typer.BadParameter(f"{gaps!r}: want comma-separated numbers ({error})", param_hint="--gaps") from None
-    roles = typing.get_args(Role)
-    if url and role not in roles:
-        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: {', '.join(roles)}",
-                                 param_hint="--role")
-    try:
-        if url:
-            result = admission.run([("instance", role, url.rstrip("/"))], wanted, repeats=repeats,
-                                   prompt_words=prompt_words, out=out)
-        else:
-            spec = _load_deployment(lab)
-            with Deployment(spec, console=console) as dep:
-                targets = [(inst.spec.name, inst.spec.role, inst.url) for inst in dep.instances]
-                console.print(f"probing {', '.join(name for name, _, _ in targets)} in turn")
-                result = admission.run(targets, wanted, repeats=repeats, prompt_words=prompt_words, out=out,
-                                       deployment=spec.name)
-    except admission.ProbeError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(code=1) from None
+    result = _probe_instances(lab, url, role, typing.get_args(Role), lambda targets, deployment: admission.run(
+        targets, wanted, repeats=repeats, prompt_words=prompt_words, out=out, deployment=deployment))
     for instance in result["instances"]:
         shared = ", ".join(f"{row['gap_ms']:g} ms {sum(row['shared'])}/{len(row['shared'])}"
                            for row in instance["gaps"])
@@ -291,31 +297,13 @@ def bench_streams(
     the streams its API server serves, the simulator's per-stream request overhead (`pdlab sim calibrate
     --from-runs ... --streams-probe FILE`)."""
     from pdlab.benchmarks import streams as bench
-    from pdlab.deploy import Deployment
 
     try:
         counts = bench.check_streams(_ints(streams, "--streams"))
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--streams") from None
-    decoding = ("colocated", "decode")
-    if url and role not in decoding:
-        raise typer.BadParameter(f"{role!r}: with --url, say the instance's role: {', '.join(decoding)}",
-                                 param_hint="--role")
-    try:
-        if url:
-            result = bench.run([("instance", role, url.rstrip("/"))], counts, repeats=repeats,
-                               prompt_words=prompt_words, out=out)
-        else:
-            spec = _load_deployment(lab)
-            with Deployment(spec, console=console) as dep:
-                targets = [(inst.spec.name, inst.spec.role, inst.url) for inst in dep.instances
-                           if inst.spec.role in decoding]
-                console.print(f"probing {', '.join(name for name, _, _ in targets)} in turn")
-                result = bench.run(targets, counts, repeats=repeats, prompt_words=prompt_words, out=out,
-                                   deployment=spec.name)
-    except bench.ProbeError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(code=1) from None
+    result = _probe_instances(lab, url, role, ("colocated", "decode"), lambda targets, deployment: bench.run(
+        targets, counts, repeats=repeats, prompt_words=prompt_words, out=out, deployment=deployment))
     for instance in result["instances"]:
         medians = ", ".join(f"{p['streams']}: {p['median_ttft_s'] * 1e3:.1f}" for p in instance["points"])
         console.print(f"{instance['name']} ({instance['role']}): median TTFT ms by streams {medians}; "
