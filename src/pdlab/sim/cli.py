@@ -31,6 +31,10 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def _thousands(value) -> str:
+    return "-" if value is None else f"{value / 1e3:.1f}k"
+
+
 def _ms(value) -> str:
     """Milliseconds, whole from 100 up (a table of seven columns fits 80 characters)."""
     return "-" if value is None else f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
@@ -266,6 +270,48 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "validation.json", copy)
         console.print(f"recorded: {copy}")
+
+
+@app.command("steps")
+def steps_cmd(runs: list[Path] = typer.Argument(..., help="Measured run directories whose tokens one instance "
+                                                "streamed (a 1P1D run, or one colocated instance)."),
+              profile: Path = typer.Option(..., help="Fitted profile: a JSON path or a shipped name."),
+              model: str = typer.Option(None, help="Model (default: the profile's)."),
+              gap_ms: float = typer.Option(4.0, help="Tokens closer than this are one step."),
+              as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
+    """Read a run's decode steps back from its streamed tokens, and the simulator's for the same arrivals: per
+    batch size, the steps each side took, how long, and the profile's price for the measured ones."""
+    from pdlab.config.base import ConfigError
+    from pdlab.sim.scenario import resolve_profile
+    from pdlab.sim.steps import steps_of_run
+    from pdlab.sim.validate import RunDirError
+
+    try:
+        profile = resolve_profile(profile)
+        model = model or json.loads(profile.read_text())["model"]
+        results = [steps_of_run(run, profile, model=model, gap_s=gap_ms / 1e3) for run in runs]
+    except (ConfigError, RunDirError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    for result in results:
+        headers = ("batch", "n", "tok", "ctx", "ms", "model", "sim n", "sim tok", "sim ctx", "sim ms")
+        table = Table(*(Column(h, no_wrap=True) for h in headers), show_edge=False, pad_edge=False,
+                      title=f"decode steps, measured vs simulated: {result['run']}")
+        for group in result["groups"]:
+            m, s = group["measured"], group["simulated"]
+            if not (m["steps"] or s["steps"]):
+                continue
+            table.add_row(group["batch"], str(m["steps"]), str(m["tokens"]), _thousands(m["context_median"]),
+                          _ms(m["step_ms_median"]), _ms(group["model_ms_median"]), str(s["steps"]), str(s["tokens"]),
+                          _thousands(s["context_median"]), _ms(s["step_ms_median"]))
+        console.print(table)
+    console.print("n: steps with the same sequences as the step before; tok: their tokens; ctx and ms: median "
+                  "context (summed over the batch) and duration; model: the profile's median price for the measured "
+                  "steps. Where ms and model agree the profile prices the steps right; where the tokens per batch "
+                  "size differ the simulation formed other batches.")
 
 
 @app.command("search")
