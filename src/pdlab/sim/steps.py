@@ -4,10 +4,11 @@ simulator build the same batches?
 A vLLM step ends by handing one token to every sequence it decodes, so on an instance that streams every token
 of a run, the tokens that reach the client within a few milliseconds of each other are one step: its batch is how
 many arrived, its context the sum of their sequence lengths, its duration the time since the step before. A step
-whose batch equals the step before's (nobody joined or left) is counted as a pure decode step and priced with the
-profile's cost model at the same batch and context. The same read-back of the simulator's tokens for the same
-arrivals says which batches the simulation formed. Where the per-step prices agree but the batches differ, a
-miss in `pdlab sim validate` comes from scheduling (arrivals, KV reads, prefill order), not from the step costs.
+that decodes the same sequences as the step before (nobody joined, left or idled) is counted as a pure decode step
+and priced with the profile's cost model at the same batch and context. The same read-back of the simulator's
+tokens for the same arrivals says which batches the simulation formed. Where the per-step prices agree but the
+batches differ, a miss in `pdlab sim validate` comes from scheduling (arrivals, KV reads, prefill order), not from
+the step costs.
 
 Only a run whose tokens all came from one instance can be read this way: a 1P1D run (the decode instance streams
 everything) or a single colocated instance.
@@ -26,8 +27,9 @@ from pdlab.sim.scenario import build, prepare
 from pdlab.sim.summary import token_times
 from pdlab.sim.validate import MeasuredRequest, RunDirError, RunShape, replay_of
 
-#: Tokens closer than this belong to one step. A step hands its tokens out one stream after another, ~0.2 ms
-#: apart on the local CPU, while the shortest decode step takes over 5 ms.
+#: Tokens closer than this belong to one step. A step hands its tokens out one stream after another: a batch of
+#: ten spreads over more than 2 ms on the local CPU (a 2 ms window split such steps), while the shortest decode
+#: step takes over 5 ms.
 STEP_GAP_S = 0.004
 #: A steady step longer than this many times its decode price is taken to hold a prefill chunk as well (vLLM
 #: schedules waiting prompts into decode steps; a batch that did not change says nothing about that).
