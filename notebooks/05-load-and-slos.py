@@ -106,10 +106,12 @@ if course.quick():  # a few requests per rate: one slow first P/D request (NIXL'
 else:
     course.check(high["all"]["ttft_ms"]["p90"] > low["all"]["ttft_ms"]["p90"], waits,
                  "make the highest rate in RATES higher (or LONG_FRACTION larger) so that requests queue")
+# One request of the lowest rate's few is worth 1/len of its attainment: more than that is beyond noise.
+slack = max(0.1, 1 / len(runs[RATES[0]]))
 course.check(
-    table["attainment"].iloc[-1] <= table["attainment"].iloc[0] + 0.1,
-    f"SLO attainment does not improve with load ({table['attainment'].iloc[0]:.0%} at {RATES[0]:g} req/s, "
-    f"{table['attainment'].iloc[-1]:.0%} at {RATES[-1]:g} req/s)",
+    table["attainment"].iloc[-1] <= table["attainment"].iloc[0] + slack,
+    f"SLO attainment does not improve with load by more than one request's worth ({table['attainment'].iloc[0]:.0%} "
+    f"at {RATES[0]:g} req/s, {table['attainment'].iloc[-1]:.0%} at {RATES[-1]:g} req/s)",
     "runs this short are noisy: raise DURATION_S",
 )
 
