@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdlab.sim.costs import FittedCost, load_profile
+from pdlab.sim.costs import StepCost
 from pdlab.sim.scenario import build, prepare
 from pdlab.sim.summary import token_times
 from pdlab.sim.validate import MeasuredRequest, RunDirError, RunShape, replay_of
@@ -97,12 +97,12 @@ def _group_label(low: int, high: int) -> str:
     return str(low) if low == high else f"{low}+" if high >= 10**9 else f"{low}-{high}"
 
 
-def decode_price(cost: FittedCost, steps: Steps) -> np.ndarray:
+def decode_price(cost: StepCost, steps: Steps) -> np.ndarray:
     """What the cost model charges for each step as a pure decode step of its batch and context (s)."""
     return np.array([cost.step_time(0, 0.0, int(b), int(c)) for b, c in zip(steps.batch, steps.context, strict=True)])
 
 
-def compare_steps(measured: Steps, simulated: Steps, cost: FittedCost) -> list[dict]:
+def compare_steps(measured: Steps, simulated: Steps, cost: StepCost) -> list[dict]:
     """Per batch group: the pure decode steps each side took (count, tokens, median batch and context), their
     median duration, and what the cost model prices the measured ones at (the median of its step times at their
     batch and context; the profile's step jitter left out). Steady steps over `PREFILL_FACTOR` times their price
@@ -136,10 +136,12 @@ def steps_of_run(run_dir: Path, profile: Path, *, model: str, gap_s: float = STE
     compare them per batch group (`compare_steps`)."""
     replay = replay_of(Path(run_dir), profile, model=model)
     _one_instance(replay.shape, Path(run_dir))
-    sim = build(prepare(replay.spec))
+    prepared = prepare(replay.spec)
+    sim = build(prepared)
     sim.run(replay.arrivals)
+    # On the run's clock, so both sides' durations carry the same float rounding.
     origin = min(r.start for r in replay.rows)
     simulated_streams = [(r.arrival.prompt_tokens, list(token_times(r) + origin)) for r in sim.requests]
     measured, simulated = read_steps(_streams(replay.rows), gap_s), read_steps(simulated_streams, gap_s)
-    cost, _ = load_profile(profile)
-    return {"run": str(run_dir), "gap_ms": gap_s * 1e3, "groups": compare_steps(measured, simulated, cost)}
+    return {"run": str(run_dir), "gap_ms": gap_s * 1e3,
+            "groups": compare_steps(measured, simulated, prepared.cost)}
