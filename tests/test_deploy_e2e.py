@@ -88,10 +88,18 @@ def test_bench_transfer_times_real_kv_reads_beside_idle_and_busy_instances(live_
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert [t["condition"] for t in result["trials"]] == ["idle", "prefill-busy", "decode-prefilling",
-                                                         "decode-streaming"]
+                                                         "decode-streaming", "prefill-busy-alone",
+                                                         "prefill-busy-together"]
     for trial in result["trials"]:
         assert trial["transfers"] >= 1 and trial["bytes"] > 0 and trial["xfer_ms"] > 0, trial
         assert trial["ttft_s"] > 0
+    # the hand-driven conditions post their reads themselves: each probe's KV moved, each got its first token
+    alone, together = result["trials"][-2:]
+    assert (alone["reads"], together["reads"]) == (1, 3)
+    assert together["transfers"] == 3 and together["bytes"] == 3 * alone["bytes"], together
+    assert len(together["first_tokens_ms"]) == 3 and together["spread_ms"] >= 0
+    # (here the busy prompt is short, so it may well have been answered before the reads were posted)
+    assert together["before_busy_answer"] == (max(together["first_tokens_ms"]) < together["busy_answer_ms"])
     assert set(result["summary"]) == {t["condition"] for t in result["trials"]}
     assert "git" in result["environment"]
     below = run_pdlab("bench", "transfer", "--deployment", live_1p1d.spec.name, "--prompt-tokens", "10")

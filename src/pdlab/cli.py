@@ -321,8 +321,9 @@ def bench_transfer(
     repeats: int = typer.Option(3, min=1, help="Trials per condition."),
     out: Path = typer.Option(None, help="Output JSON (default: data/results/transfer/<timestamp>.json)."),
 ) -> None:
-    """Time one prompt's KV transfer beside idle and busy instances (what the simulator's sender gating
-    describes): the probe's time to first token and vLLM's own transfer time, per condition."""
+    """Time one prompt's KV transfer beside idle and busy instances, and several reads posted together beside a
+    busy sender (what the simulator's sender gating describes): the probe's time to first token and vLLM's own
+    transfer time, per condition."""
     from pdlab.benchmarks import transfer
     from pdlab.benchmarks.prefill import ProbeError
     from pdlab.deploy import Deployment
@@ -353,8 +354,11 @@ def bench_transfer(
         raise typer.Exit(code=1) from None
     for condition, figures in result["summary"].items():
         xfer = figures["xfer_ms_median"]
-        console.print(f"{condition:>18}: first token {figures['ttft_ms_median']:8.1f} ms, KV transfer "
-                      + (f"{xfer:7.1f} ms (max {figures['xfer_ms_max']:.1f})" if xfer is not None else "not seen"))
+        console.print(f"{condition:>21}: first token {figures['ttft_ms_median']:8.1f} ms, KV transfer "
+                      + (f"{xfer:7.1f} ms (max {figures['xfer_ms_max']:.1f})" if xfer is not None else "not seen")
+                      + (f", first tokens {figures['spread_ms_median']:.1f} ms apart, all before the busy "
+                         f"prompt's answer in {figures['before_busy_answer']:.0%} of trials"
+                         if "spread_ms_median" in figures else ""))
     console.print(f"written: {result['path']}")
 
 

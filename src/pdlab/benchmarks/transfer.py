@@ -7,11 +7,16 @@ conditions, each repeated:
   instance computes it while the probe's KV is read;
 - `decode-prefilling`: a longer prompt sent straight to the decode instance, so it prefills while the probe's KV
   arrives;
-- `decode-streaming`: several streams decoding on the decode instance.
+- `decode-streaming`: several streams decoding on the decode instance;
+- `prefill-busy-alone` and `prefill-busy-together`: the P/D protocol driven by hand (`pdlab.pdrequest`), so that
+  reads are posted at a chosen moment: one probe (alone) or `TOGETHER` probes (together) are prefilled, a longer
+  prompt is sent to the prefill instance, and once it computes the probes' decode requests go to the idle decode
+  instance at once, which posts their reads in one step. Each read's first token, their spread, and whether they
+  came before the busy prompt's answer (the end of its last step) are recorded.
 Each trial records the probe's time to first token and the transfer time vLLM measured for it (the change of the
 decode instance's `vllm:nixl_xfer_time_seconds` over the trial). This is what the simulator's
-`ServingOverheads.transfer_waits_for_sender` and `busy_sender_bytes_per_s` describe: on a CPU a read crawls
-while the instance it reads from computes.
+`ServingOverheads.transfer_waits_for_sender` and `sender_wake_s` describe: on a CPU a read completes only when the
+instance it reads from, while it computes, gets around to serving it, and reads waiting on it complete together.
 """
 
 from __future__ import annotations
@@ -30,8 +35,15 @@ from rich.progress import Progress
 from pdlab.benchmarks import results
 from pdlab.benchmarks.prefill import ProbeError, random_prompt, served_model
 from pdlab.metrics.kv import scrape_kv_transfer
+from pdlab.pdrequest import prefill_body
 
-CONDITIONS = ("idle", "prefill-busy", "decode-prefilling", "decode-streaming")
+CONDITIONS = ("idle", "prefill-busy", "decode-prefilling", "decode-streaming", "prefill-busy-alone",
+              "prefill-busy-together")
+#: Reads posted at once in `prefill-busy-together` (one in `prefill-busy-alone`).
+TOGETHER = 3
+#: In the hand-driven conditions: how long after the busy prompt is sent the probes' decode requests follow (it
+#: is computing by then).
+BUSY_LEAD_S = 0.3
 #: How long after the probe is sent the busy prompt follows: behind the probe on the prefill instance (FCFS), or
 #: while the probe is still being prefilled, for the decode instance.
 BUSY_AFTER_S = {"prefill-busy": 0.1, "decode-prefilling": 0.3}
@@ -68,10 +80,13 @@ class _Trial:
         thread.start()
         self.threads.append(thread)
 
-    def first_token_s(self, url: str, prompt: list[int]) -> float:
+    def first_token_s(self, url: str, prompt: list[int], kv_transfer_params: dict[str, Any] | None = None
+                      ) -> float:
         """Stream the probe and time its first token."""
         began = time.perf_counter()
         body = {"model": self.model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True, "stream": True}
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
         with self.client.stream("POST", f"{url}/v1/completions", json=body) as response:
             if response.is_error:
                 response.read()
@@ -87,6 +102,51 @@ class _Trial:
     def join(self) -> None:
         for thread in self.threads:
             thread.join()
+
+    def prefill_leg(self, prefill_url: str, prompt: list[int]) -> dict[str, Any]:
+        """Prefill `prompt` for a remote decode; the `kv_transfer_params` its decode request must carry."""
+        body = prefill_body({"model": self.model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+        response = self.client.post(f"{prefill_url}/v1/completions", json=body)
+        if response.is_error:
+            raise ProbeError(f"{prefill_url} refused the probe's prefill: {response.status_code} "
+                             f"{response.text[:300]}")
+        params = response.json().get("kv_transfer_params")
+        if not params:
+            raise ProbeError(f"{prefill_url} returned no kv_transfer_params: is it a NIXL prefill instance?")
+        return params
+
+    def reads_beside_busy_sender(self, prefill_url: str, decode_url: str, prompts: list[list[int]],
+                                 busy_prompt: list[int]) -> dict[str, Any]:
+        """Prefill `prompts`, keep the prefill instance busy with `busy_prompt`, then send their decode requests
+        together to the (idle) decode instance; times are from that moment."""
+        params = [self.prefill_leg(prefill_url, prompt) for prompt in prompts]
+        busy_done: list[float] = []
+
+        def busy() -> None:
+            self.post(prefill_url, busy_prompt, 1)
+            busy_done.append(time.perf_counter())
+
+        self.later(0.0, busy)
+        time.sleep(BUSY_LEAD_S)
+        firsts: list[float | None] = [None] * len(prompts)
+
+        def decode(i: int) -> None:
+            try:
+                firsts[i] = self.first_token_s(decode_url, prompts[i], params[i])
+            except (ProbeError, httpx.HTTPError) as error:
+                self.errors.append(f"probe {i}'s decode request: {error}")
+
+        readers = [threading.Thread(target=decode, args=(i,), daemon=True) for i in range(len(prompts))]
+        began = time.perf_counter()
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        self.join()
+        if any(first is None for first in firsts) or not busy_done:
+            raise ProbeError("; ".join(self.errors) or "a probe's decode request streamed no token")
+        return {"first_tokens_ms": [first * 1e3 for first in firsts if first is not None],
+                "busy_answer_ms": (busy_done[0] - began) * 1e3}
 
 
 def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: int = 3000,
@@ -112,10 +172,21 @@ def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: 
                                     STREAM_OUTPUT_TOKENS)
                     time.sleep(1.0)  # let the streams get going
                 before = scrape_kv_transfer(decode_url)
-                if condition in BUSY_AFTER_S:
-                    target = prefill_url if condition == "prefill-busy" else decode_url
-                    trial.later(BUSY_AFTER_S[condition], trial.post, target, trial.prompt(busy_tokens), 1)
-                ttft = trial.first_token_s(router_url, trial.prompt(prompt_tokens))
+                extra: dict[str, Any] = {}
+                if condition in ("prefill-busy-alone", "prefill-busy-together"):
+                    reads = TOGETHER if condition == "prefill-busy-together" else 1
+                    extra = trial.reads_beside_busy_sender(prefill_url, decode_url,
+                                                           [trial.prompt(prompt_tokens) for _ in range(reads)],
+                                                           trial.prompt(busy_tokens))
+                    firsts = extra["first_tokens_ms"]
+                    ttft = statistics.median(firsts) / 1e3
+                    extra.update(reads=reads, spread_ms=max(firsts) - min(firsts),
+                                 before_busy_answer=max(firsts) < extra["busy_answer_ms"])
+                else:
+                    if condition in BUSY_AFTER_S:
+                        target = prefill_url if condition == "prefill-busy" else decode_url
+                        trial.later(BUSY_AFTER_S[condition], trial.post, target, trial.prompt(busy_tokens), 1)
+                    ttft = trial.first_token_s(router_url, trial.prompt(prompt_tokens))
                 after = scrape_kv_transfer(decode_url)
                 trial.join()
                 if trial.errors:
@@ -123,14 +194,15 @@ def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: 
                 moved = after.transfers - before.transfers
                 rows.append({"condition": condition, "repeat": repeat, "ttft_s": ttft, "transfers": moved,
                              "xfer_ms": (after.xfer_seconds - before.xfer_seconds) / moved * 1e3 if moved else None,
-                             "bytes": after.bytes - before.bytes})
+                             "bytes": after.bytes - before.bytes, **extra})
                 bar.advance(task)
                 time.sleep(settle_s)  # the instances go idle again before the next trial
     return rows
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Median probe TTFT and transfer time per condition."""
+    """Median probe TTFT and transfer time per condition; for the hand-driven ones also the median spread of a
+    trial's first tokens and the share of trials whose reads all finished before the busy prompt's answer."""
     out: dict[str, dict[str, float | None]] = {}
     for condition in dict.fromkeys(r["condition"] for r in rows):
         mine = [r for r in rows if r["condition"] == condition]
@@ -138,6 +210,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         out[condition] = {"ttft_ms_median": statistics.median(r["ttft_s"] for r in mine) * 1e3,
                           "xfer_ms_median": statistics.median(xfers) if xfers else None,
                           "xfer_ms_max": max(xfers) if xfers else None}
+        if "spread_ms" in mine[0]:
+            out[condition].update(spread_ms_median=statistics.median(r["spread_ms"] for r in mine),
+                                  before_busy_answer=sum(r["before_busy_answer"] for r in mine) / len(mine))
     return out
 
 
