@@ -81,10 +81,11 @@ def test_a_request_reaches_the_queue_later_by_the_streams_its_instance_serves(st
     assert token_times(probe)[0] == pytest.approx(first_token_s)
 
 
-def test_a_kv_read_beside_a_busy_prefill_instance_waits_for_its_step_to_end() -> None:
+def test_a_kv_read_beside_a_busy_prefill_instance_waits_until_it_goes_idle() -> None:
     """Two prompts back to back on one prefill instance: the first one's read is posted while the second one is
-    prefilled in 512-token steps. With `transfer_waits_for_sender` it starts when that step ends, then takes its
-    wire time; without, it starts at once. A read beside an idle sender starts at once either way."""
+    prefilled in 512-token steps. With `transfer_waits_for_sender` and no wake-ups it starts when the instance goes
+    idle (the ends of the steps in between, each followed by the next, serve nothing), then takes its wire time;
+    without, it starts at once. A read beside an idle sender starts at once either way."""
     catalog = load_catalog()
     transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
     arrivals = [Arrival(at_s=1.0, prompt_tokens=500, output_tokens=2, cls="long"),
@@ -99,42 +100,72 @@ def test_a_kv_read_beside_a_busy_prefill_instance_waits_for_its_step_to_end() ->
     _, (alone, _) = run(False)
     assert alone.transfer_start == pytest.approx(alone.transfer_queued)
     assert alone.transfer_end - alone.transfer_queued == pytest.approx(transfer.transfer_time(500))
+    assert alone.transfer_seen == alone.transfer_end  # the decode instance was idle: noticed at once
     prefill, (gated, second) = run(True)
     assert second.prefill_start == pytest.approx(gated.prefill_end)  # the prefill instance stays busy
     assert gated.transfer_queued == pytest.approx(gated.prefill_end)  # the decode instance was idle: posted at once
-    first_chunk_end = next(t for t in prefill.step_ends if t > gated.transfer_queued)
-    assert first_chunk_end - gated.prefill_end == pytest.approx(first_chunk(512))
-    assert gated.transfer_start == pytest.approx(first_chunk_end)
+    steps_between = [t for t in prefill.step_ends if gated.transfer_queued < t < second.prefill_end]
+    assert len(steps_between) == 3  # 2,000 tokens in 512-token steps: three ends before the last
+    assert gated.transfer_start == pytest.approx(second.prefill_end)
     assert gated.transfer_end - gated.transfer_start == pytest.approx(transfer.transfer_time(500))
-    # the second prompt's read comes after its last step: the sender is idle, so it starts at once
-    assert second.transfer_start == pytest.approx(second.transfer_queued)
+    # the second prompt's read, posted at that instant beside the now idle sender, waits only for the one lane
+    assert second.transfer_queued == pytest.approx(second.prefill_end)
+    assert second.transfer_start == pytest.approx(gated.transfer_end)
 
 
-@pytest.mark.parametrize("share_in_first_step", [0.5, 10.0])
-def test_a_kv_read_beside_a_busy_prefill_instance_moves_at_the_busy_rate(share_in_first_step: float) -> None:
-    """The same two prompts, with a busy-sender rate: the first one's read (500 tokens x 1,000 bytes) moves at that
-    rate while the second prompt is prefilled. Fast enough to finish within the step under way (half of it), it ends
-    there; slower (a tenth of it per step), it moves at that rate through every step of the second prompt, and what
-    is left when the instance goes idle moves at the link's speed."""
+def _reads_posted_together(wake_s: float, seed: int = 0) -> tuple[Instance, list]:
+    """Three 100-token prompts and a 2,000-token one reach one prefill instance together (budget 512): the first
+    step holds the three and the long one's first chunk, so the three reads are posted together at its end, while
+    the instance goes on with the long prompt's next chunk."""
     catalog = load_catalog()
     transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
-    arrivals = [Arrival(at_s=1.0, prompt_tokens=500, output_tokens=2, cls="long"),
-                Arrival(at_s=1.1, prompt_tokens=2000, output_tokens=2, cls="long")]
-    step = first_chunk(512)
-    size = 500 * 1000
-    rate = size / (share_in_first_step * step)
+    arrivals = [Arrival(at_s=1.0, prompt_tokens=100, output_tokens=2, cls="short")] * 3 + \
+        [Arrival(at_s=1.0, prompt_tokens=2000, output_tokens=2, cls="long")]
     prefill = instance("p", "prefill", budget=512, link=Link(transfer))
-    sim = Simulation(router=RouterSettings(threshold=100), prefill=[prefill], decode=[instance("d", "decode")],
-                     overheads=ServingOverheads(transfer_waits_for_sender=True, busy_sender_bytes_per_s=rate))
-    gated, second = sim.run(arrivals)
-    if share_in_first_step < 1:
-        assert gated.transfer_end - gated.transfer_queued == pytest.approx(size / rate)
-    else:
-        busy = second.prefill_end - gated.transfer_queued
-        left = 1 - busy * rate / size
-        assert 0 < left < 1
-        assert gated.transfer_start == pytest.approx(second.prefill_end)
-        assert gated.transfer_end - gated.transfer_start == pytest.approx(left * transfer.transfer_time(500))
+    sim = Simulation(router=RouterSettings(threshold=50), prefill=[prefill], decode=[instance("d", "decode")],
+                     overheads=ServingOverheads(transfer_waits_for_sender=True, sender_wake_s=wake_s), seed=seed)
+    return prefill, sim.run(arrivals)[:3]
+
+
+def test_reads_waiting_on_a_busy_sender_complete_together_when_it_serves_them() -> None:
+    """Posted together while the sender computes, the three reads are served at one moment, before the step under
+    way ends when the sender's wake-ups are frequent (mean a thousandth of a step), and their bytes then move one
+    after another over the link's one lane. With rare wake-ups the sender going idle serves them."""
+    wire = TransferCost(load_catalog().links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4).transfer_time(100)
+    # (a 2,000-token read takes about 20 times a 100-token one)
+    for wake_s, served_before_step_end in ((1e-5, True), (1e3, False)):
+        prefill, reads = _reads_posted_together(wake_s)
+        posted = reads[0].transfer_queued
+        assert all(r.transfer_queued == posted for r in reads)
+        step_end = next(t for t in prefill.step_ends if t > posted)
+        served = reads[0].transfer_start
+        assert [r.transfer_start for r in reads] == pytest.approx([served, served + wire, served + 2 * wire])
+        if served_before_step_end:
+            assert posted < served < posted + 0.01 * (step_end - posted)
+        else:  # when the long prompt's last step ends (1,788 tokens after the first step, 512 a step), or just
+            # after its own read, posted at that instant, has had the lane
+            idle = prefill.step_ends[-1]
+            assert len(prefill.step_ends) == 5
+            assert idle - 1e-9 <= served <= idle + wire * 20 + 1e-9
+
+
+def test_a_busy_senders_wake_ups_come_at_exponential_gaps_of_their_mean() -> None:
+    """Over 300 seeds, a read posted as the sender starts its last 4 steps waits min(wake-up, idle): for exponential
+    gaps of mean m and a busy time L that averages m (1 - exp(-L/m)); here m = L/2."""
+    import math
+
+    prefill, reads = _reads_posted_together(1e3)
+    posted = reads[0].transfer_queued
+    step = prefill.step_ends[-1] - posted
+    mean = step / 2
+    waits = []
+    for seed in range(300):
+        _, reads = _reads_posted_together(mean, seed)
+        waits.append(reads[0].transfer_start - reads[0].transfer_queued)
+    long_read = TransferCost(load_catalog().links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4
+                             ).transfer_time(2000)
+    assert max(waits) <= step + long_read + 1e-9  # (at idle the long prompt's own read may take the lane first)
+    assert sum(waits) / len(waits) == pytest.approx(mean * (1 - math.exp(-step / mean)), rel=0.08)
 
 
 def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefill_leaves_budget() -> None:
@@ -157,6 +188,7 @@ def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefil
     assert ends[6] - ends[5] == pytest.approx(COST.step_time(6, chunk_attention(6, 384), 0, 0))  # the last chunk
     assert remote.transfer_queued == pytest.approx(ends[5])  # the first step that leaves budget
     assert remote.transfer_end < ends[6]
+    assert remote.transfer_seen == pytest.approx(ends[6])  # the connector notices it between steps (vLLM's count)
     assert token_times(remote)[0] == pytest.approx(ends[7])  # arrived during step 7, joined step 8
     assert token_times(own)[0] == pytest.approx(ends[6])
 

@@ -144,9 +144,10 @@ def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20,
 
 #: Where the search starts its step costs when not told: the profile shipped for the local model.
 DEFAULT_START_PROFILE = "pdlab-small-vllm-cpu"
-DEFAULT_BUSY_SENDER_BYTES_PER_S = 60e6
-"""Where the fit starts a read's speed beside a computing sender: `pdlab bench transfer`'s median (50 MB in 0.86 s
-while the prefill instance prefilled another prompt)."""
+DEFAULT_SENDER_WAKE_S = 0.5
+"""Where the fit starts the mean time a computing sender takes to serve its pending reads: about half of
+`pdlab bench transfer`'s median read beside a busy prefill instance (0.86 s), which the end of the step under way
+also cuts short."""
 #: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s/fresh pair, s, s): a
 #: coefficient the start profile has at zero is searched from here (the search is in log space, so it cannot start
 #: at zero).
@@ -156,7 +157,7 @@ _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 1e-11, 5e-3, 5e-3)
 def measured_link_gbps(run_dirs: list) -> float | None:
     """KV transfer throughput the runs' decode instances reported (`kv.json`, from vLLM's NIXL metrics), in Gbit/s:
     on a loaded CPU it is far below what an idle loopback carries, since a read crawls while the prefill instance
-    computes (`ServingOverheads.busy_sender_bytes_per_s`)."""
+    computes (`ServingOverheads.sender_wake_s`)."""
     import json
     from pathlib import Path
 
@@ -286,8 +287,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
-    With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes moves at a
-    fitted rate for as long as it keeps computing (`ServingOverheads.busy_sender_bytes_per_s`), and each run's
+    With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes waits for
+    the sender to serve it, a fitted mean time (`ServingOverheads.sender_wake_s`), and each run's
     mean KV transfer time as vLLM measured it (`kv.json`) joins the errors. `admission_ms` (per instance role,
     from `pdlab bench admission`) is held: runs with Poisson arrivals rarely show it; the bench measures it. So is
     the request overhead per running stream, from `streams_probe` (`pdlab bench streams` results, as read by
@@ -323,8 +324,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     longest = max(row.prompt_tokens for r in replays for row in r.rows)
 
     # x: the six cost coefficients, request and hand-off overheads, link bandwidth, and with reads gated by the
-    # sender, how fast one moves while the sender computes (x[9]).
-    busy_start = [start_overheads.busy_sender_bytes_per_s or DEFAULT_BUSY_SENDER_BYTES_PER_S] if sender_gated else []
+    # sender, the mean time a computing sender takes to serve its pending reads (x[9]).
+    busy_start = [start_overheads.sender_wake_s or DEFAULT_SENDER_WAKE_S] if sender_gated else []
 
     admission_s = {role: ms / 1e3 for role, ms in (admission_ms or {}).items()}
     per_stream_s, per_stream_found = per_stream_overhead_s(

@@ -89,10 +89,10 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   streams_probe: list[Path] = typer.Option(None, "--streams-probe", help="--from-runs: take the "
                                                            "request overhead per running stream from `pdlab bench "
                                                            "streams` results (held, not fitted; repeatable)."),
-                  sender_gated: bool = typer.Option(True, help="--from-runs: KV reads crawl while the prefill "
-                                                    "instance computes (rate fitted), as on pdlab's CPU tier "
-                                                    "(`pdlab bench transfer`); --no-sender-gated for runs whose "
-                                                    "transfers do not (RDMA)."),
+                  sender_gated: bool = typer.Option(True, help="--from-runs: KV reads wait while the prefill "
+                                                    "instance computes (how soon it serves them is fitted), as on "
+                                                    "pdlab's CPU tier (`pdlab bench transfer`); "
+                                                    "--no-sender-gated for runs whose transfers do not (RDMA)."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""

@@ -183,19 +183,21 @@ class ServingOverheads:
       Additive, not a factor: a 1-second prefill step is not stretched by half because 10 ms decode steps vary by
       half. Empty: no variation;
     - `transfer_waits_for_sender`: a KV read depends on the prefill instance it reads from: beside an idle one it
-      runs at the link's speed at once; posted while it computes, it moves at `busy_sender_bytes_per_s` (0: not
-      at all until the step under way ends), the rest at the link's speed. On a CPU
-      server the sending side of a transfer is served by threads that share the engine's core (NIXL's progress
-      thread at idle priority, and the engine itself between steps). Measured on the local tier (1P1D, a
-      3,000-token prompt's 50 MB of KV, `pdlab bench transfer`, data/results/transfer/): 6 ms beside an idle
-      prefill instance, 0.3-1.0 s (median 0.86) while it prefilled another prompt in 2,048-token steps of ~0.9 s.
-      False: transfers do not depend on the sender's engine (one-sided RDMA on GPUs);
-    - `busy_sender_bytes_per_s`: with `transfer_waits_for_sender`, how fast a read moves while the sender computes
-      (the progress thread's small share of a busy core), shared by the link's lanes; when the sender's step ends
-      with nothing after it, the rest moves at the link's speed. 0: nothing moves until the step ends. Fitted
-      (`pdlab sim calibrate --from-runs`). Why a rate: the router's prefill times (`x-pdlab-prefill-ms`) show
-      reads finishing anywhere from 0.04 to 4.2 s after their prefill while the instance kept prefilling, several
-      at once, not at the end of the step under way (data/sim-runs/threshold-sweep/20261201-010534);
+      runs at the link's speed at once; posted while it computes, it completes only when the sender's side of the
+      transfer gets to run (`sender_wake_s`), then its bytes move at the link's speed. On a CPU server the sending
+      side of a transfer is served by threads that share the engine's core (NIXL's progress thread at idle
+      priority, and the engine itself between steps). Measured on the local tier (1P1D, a 3,000-token prompt's 50
+      MB of KV, `pdlab bench transfer`, data/results/transfer/): 6 ms beside an idle prefill instance, 0.3-1.0 s
+      (median 0.86) while it prefilled another prompt in 2,048-token steps of ~0.9 s. False: transfers do not
+      depend on the sender's engine (one-sided RDMA on GPUs);
+    - `sender_wake_s`: with `transfer_waits_for_sender`, the mean time between the moments a computing sender
+      serves its pending reads (its progress thread getting a slice of the busy core): a read posted while the
+      sender computes completes at the first such moment or at the end of the step under way, whichever comes
+      first, together with every other read waiting on that sender, whatever their sizes. The moments come at
+      random (exponential gaps, seeded). 0: at the end of the step. Why this shape: `pdlab bench transfer`'s
+      `prefill-busy-together` trials post 1, 3 or 6 reads of 50 MB together beside a sender computing one step;
+      they finish at one instant, as soon together as alone, sometimes at the step's end and sometimes before it
+      (docs/simulator.md). Fitted (`pdlab sim calibrate --from-runs`);
     - `admission_s`: per instance role (colocated, prefill, decode), how long an idle instance takes to start its
       first step after work arrives; whatever arrives meanwhile joins that step. vLLM's engine, woken by a
       request, takes in every request queued by then, and on a CPU server the API server, the engine and (on P/D
@@ -213,7 +215,7 @@ class ServingOverheads:
     handoff_s: float = 0.0
     step_jitter_s: tuple[float, ...] = ()
     transfer_waits_for_sender: bool = False
-    busy_sender_bytes_per_s: float = 0.0
+    sender_wake_s: float = 0.0
     admission_s: dict[str, float] = field(default_factory=dict)
     request_per_stream_s: float = 0.0
 
@@ -232,7 +234,7 @@ class ServingOverheads:
                 "handoff_ms": self.handoff_s * 1e3,
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
                 "transfer_waits_for_sender": self.transfer_waits_for_sender,
-                "busy_sender_mb_s": self.busy_sender_bytes_per_s / 1e6,
+                "sender_wake_ms": self.sender_wake_s * 1e3,
                 "admission_ms": {role: seconds * 1e3 for role, seconds in self.admission_s.items()}}
 
     @classmethod
@@ -241,12 +243,16 @@ class ServingOverheads:
         if "step_quantiles" in data:
             raise ValueError("this profile's overheads have `step_quantiles` (step variation as a factor, an "
                              "earlier pdlab); re-fit it with `pdlab sim calibrate --from-runs RUN_DIRS`")
+        if "busy_sender_mb_s" in data:
+            raise ValueError("this profile's overheads have `busy_sender_mb_s` (KV reads crawling at a rate beside "
+                             "a busy sender, an earlier pdlab); re-fit it with `pdlab sim calibrate --from-runs "
+                             "RUN_DIRS`")
         return cls(request_s=float(data.get("request_ms", 0.0)) / 1e3,
                    request_per_stream_s=float(data.get("request_per_stream_ms", 0.0)) / 1e3,
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
                    transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)),
-                   busy_sender_bytes_per_s=float(data.get("busy_sender_mb_s", 0.0)) * 1e6,
+                   sender_wake_s=float(data.get("sender_wake_ms", 0.0)) / 1e3,
                    admission_s={str(role): float(ms) / 1e3 for role, ms in (data.get("admission_ms") or {}).items()})
 
 

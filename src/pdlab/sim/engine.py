@@ -47,6 +47,9 @@ class SimRequest:
     """When the decode instance posted the KV read (what NIXL's transfer time counts from)."""
     transfer_start: float = math.nan
     transfer_end: float = math.nan
+    transfer_seen: float = math.nan
+    """When the decode instance noticed the read had ended: at once if it was idle, else at the end of its step
+    under way (the connector polls between steps). What vLLM's transfer time (`nixl_xfer_time`) counts to."""
     prefill_host: Instance | None = None
     decode_host: Instance | None = None
     decode_reserved: int = 0
@@ -101,6 +104,9 @@ class Instance:
     """Computing a step."""
     step_done: simpy.Event | None = None
     """Fired when the step being computed ends, for whoever waits on it; made on demand."""
+    sender_wake: simpy.Event | None = None
+    """When this prefill instance next serves the reads waiting on it while it computes; made on demand
+    (`ServingOverheads.sender_wake_s`)."""
     _ends: np.ndarray | None = field(default=None, repr=False)
 
     def step_end_array(self) -> np.ndarray:
@@ -128,6 +134,7 @@ class Simulation:
         self.router = router
         self.overheads = overheads or ServingOverheads()
         self._step_jitters = self.overheads.step_jitters(seed)
+        self._wake_rng = np.random.default_rng((seed, 1))
         self.prefill_pool = list(prefill)
         self.decode_pool = list(colocated) or list(decode)
         self.prefill_strategy: RoutingStrategy = make_strategy(router.prefill_strategy)
@@ -302,6 +309,9 @@ class Simulation:
     def _end_step(self, inst: Instance, chunks: list) -> None:
         now = self.now
         inst.step_ends.append(now)
+        for request in inst.pending_joins:
+            if math.isnan(request.transfer_seen):
+                request.transfer_seen = now
         inst.context += inst.running  # every decoding sequence grew by one token
         for request, chunk in chunks:
             request.computed += chunk
@@ -357,38 +367,42 @@ class Simulation:
         # connector posts its read, between steps (`_plan_step`).
         self._reach(decode, request)
 
-    def _while_sender_busy(self, request: SimRequest, prefill: Instance):
-        """Move the read while `prefill` computes; the share of it left for the link's speed. Without a busy rate
-        nothing moves until the step under way ends; with one, the read moves at that rate (its lane's share) for
-        as long as the instance keeps stepping."""
-        link = prefill.link
-        busy_rate = self.overheads.busy_sender_bytes_per_s / link.cost.concurrency
-        if busy_rate <= 0:
-            if prefill.busy:
+    def _sender_serves(self, prefill: Instance):
+        """Wait until a computing `prefill` instance serves the reads waiting on it: when it goes idle, or at the
+        next moment its progress thread runs (exponential gaps of mean `sender_wake_s`; none when 0), whichever
+        comes first. A step that ends with another right behind it serves nothing. Every read waiting on it then
+        completes at once. One pending moment per sender, drawn when a read first needs it: the gaps are
+        memoryless, so a read posted later waits for the same one."""
+        mean = self.overheads.sender_wake_s
+        while prefill.busy:
+            if mean <= 0:
                 yield self._step_end(prefill)
-            return 1.0
-        size = request.arrival.prompt_tokens * link.cost.kv_bytes_per_token
-        left = 1.0
-        while prefill.busy and left > 0:
-            began, done_in = self.now, left * size / busy_rate
-            yield self._step_end(prefill) | self.env.timeout(done_in)
-            # (within a nanosecond of the end is the end: float time may not advance by less)
-            left = 0.0 if self.now >= began + done_in - 1e-9 else left * (1 - (self.now - began) / done_in)
-        return left
+                continue
+            if prefill.sender_wake is None or prefill.sender_wake.processed:
+                prefill.sender_wake = self.env.timeout(float(self._wake_rng.exponential(mean)))
+            wake = prefill.sender_wake
+            fired = yield self._step_end(prefill) | wake
+            if wake in fired:
+                return
+            # (the step that ended has handed over to the next one by now, if there is one: `_serve` plans it
+            # before a waiting read resumes)
 
     def _transfer(self, request: SimRequest):
         """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
         prefill, decode = request.prefill_host, request.decode_host
         link = prefill.link
         request.transfer_queued = self.now
+        if self.overheads.transfer_waits_for_sender:
+            # before a lane: reads waiting on the sender do not queue behind each other, they finish together
+            yield from self._sender_serves(prefill)
         with link.lanes.request() as lane:
             yield lane
-            wire = link.cost.transfer_time(request.arrival.prompt_tokens, request.prefill_end - request.prefill_start)
-            if self.overheads.transfer_waits_for_sender:
-                wire *= yield from self._while_sender_busy(request, prefill)
             request.transfer_start = self.now
-            yield self.env.timeout(wire)
+            yield self.env.timeout(link.cost.transfer_time(request.arrival.prompt_tokens,
+                                                           request.prefill_end - request.prefill_start))
         request.transfer_end = self.now
+        if not decode.busy:
+            request.transfer_seen = self.now
         prefill.kv_used -= request.reserved
         request.reserved = request.decode_reserved
         # Joins at the next step it plans: the connector reports finished reads at the end of a step (vLLM's

@@ -289,8 +289,11 @@ def measured_transfer_s(*run_dirs: Path) -> float | None:
 
 
 def simulated_transfer_s(*sims: Simulation) -> float | None:
-    """The simulations' mean KV transfer time, counted as vLLM does: from the read being posted to its end."""
-    times = [r.transfer_end - r.transfer_queued for sim in sims for r in sim.requests if not math.isnan(r.transfer_end)]
+    """The simulations' mean KV transfer time, counted as vLLM does: from the read being posted to the decode
+    instance noticing its end (NIXL times a transfer until a status check finds it done, and vLLM checks between
+    steps)."""
+    times = [r.transfer_seen - r.transfer_queued for sim in sims for r in sim.requests
+             if not math.isnan(r.transfer_seen)]
     return sum(times) / len(times) if times else None
 
 
