@@ -146,8 +146,8 @@ def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20,
 DEFAULT_START_PROFILE = "pdlab-small-vllm-cpu"
 DEFAULT_SENDER_WAKE_S = 0.5
 """Where the fit starts the mean time a computing sender takes to serve its pending reads: about half of
-`pdlab bench transfer`'s median read beside a busy prefill instance (0.86 s), which the end of the step under way
-also cuts short."""
+`pdlab bench transfer`'s median read beside a busy prefill instance (0.86 s in its first record), which the
+sender going idle also cuts short."""
 #: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s/fresh pair, s, s): a
 #: coefficient the start profile has at zero is searched from here (the search is in log space, so it cannot start
 #: at zero).
@@ -156,7 +156,7 @@ _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 1e-11, 5e-3, 5e-3)
 
 def measured_link_gbps(run_dirs: list) -> float | None:
     """KV transfer throughput the runs' decode instances reported (`kv.json`, from vLLM's NIXL metrics), in Gbit/s:
-    on a loaded CPU it is far below what an idle loopback carries, since a read crawls while the prefill instance
+    on a loaded CPU it is far below what an idle loopback carries, since a read waits while the prefill instance
     computes (`ServingOverheads.sender_wake_s`)."""
     import json
     from pathlib import Path

@@ -192,12 +192,13 @@ class ServingOverheads:
       depend on the sender's engine (one-sided RDMA on GPUs);
     - `sender_wake_s`: with `transfer_waits_for_sender`, the mean time between the moments a computing sender
       serves its pending reads (its progress thread getting a slice of the busy core): a read posted while the
-      sender computes completes at the first such moment or at the end of the step under way, whichever comes
-      first, together with every other read waiting on that sender, whatever their sizes. The moments come at
-      random (exponential gaps, seeded). 0: at the end of the step. Why this shape: `pdlab bench transfer`'s
-      `prefill-busy-together` trials post 1, 3 or 6 reads of 50 MB together beside a sender computing one step;
-      they finish at one instant, as soon together as alone, sometimes at the step's end and sometimes before it
-      (docs/simulator.md). Fitted (`pdlab sim calibrate --from-runs`);
+      sender computes completes at the first such moment or when the sender goes idle, whichever comes first,
+      together with every other read waiting on that sender, whatever their sizes. The moments come at random
+      (exponential gaps, seeded). 0: only when the sender goes idle. Why this shape: `pdlab bench transfer`'s
+      hand-driven trials post one read, or three of 50 MB together, beside a sender computing a long prompt; the
+      three end within a few milliseconds of each other, and all end seconds before the prompt does
+      (data/results/transfer/20261201-233556.json; a lone read tends to end sooner than a group, which one mean
+      does not describe: docs/simulator.md). Fitted (`pdlab sim calibrate --from-runs`);
     - `admission_s`: per instance role (colocated, prefill, decode), how long an idle instance takes to start its
       first step after work arrives; whatever arrives meanwhile joins that step. vLLM's engine, woken by a
       request, takes in every request queued by then, and on a CPU server the API server, the engine and (on P/D
