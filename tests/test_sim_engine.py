@@ -113,12 +113,15 @@ def test_a_kv_read_beside_a_busy_prefill_instance_waits_until_it_goes_idle() -> 
     assert second.transfer_start == pytest.approx(gated.transfer_end)
 
 
+def _tcp_transfer() -> TransferCost:
+    return TransferCost(load_catalog().links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+
+
 def _reads_posted_together(wake_s: float, seed: int = 0) -> tuple[Instance, list]:
     """Three 100-token prompts and a 2,000-token one reach one prefill instance together (budget 512): the first
     step holds the three and the long one's first chunk, so the three reads are posted together at its end, while
     the instance goes on with the long prompt's next chunk."""
-    catalog = load_catalog()
-    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    transfer = _tcp_transfer()
     arrivals = [Arrival(at_s=1.0, prompt_tokens=100, output_tokens=2, cls="short")] * 3 + \
         [Arrival(at_s=1.0, prompt_tokens=2000, output_tokens=2, cls="long")]
     prefill = instance("p", "prefill", budget=512, link=Link(transfer))
@@ -131,7 +134,7 @@ def test_reads_waiting_on_a_busy_sender_complete_together_when_it_serves_them() 
     """Posted together while the sender computes, the three reads are served at one moment, before the step under
     way ends when the sender's wake-ups are frequent (mean a thousandth of a step), and their bytes then move one
     after another over the link's one lane. With rare wake-ups the sender going idle serves them."""
-    wire = TransferCost(load_catalog().links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4).transfer_time(100)
+    wire = _tcp_transfer().transfer_time(100)
     # (a 2,000-token read takes about 20 times a 100-token one)
     for wake_s, served_before_step_end in ((1e-5, True), (1e3, False)):
         prefill, reads = _reads_posted_together(wake_s)
@@ -162,8 +165,7 @@ def test_a_busy_senders_wake_ups_come_at_exponential_gaps_of_their_mean() -> Non
     for seed in range(300):
         _, reads = _reads_posted_together(mean, seed)
         waits.append(reads[0].transfer_start - reads[0].transfer_queued)
-    long_read = TransferCost(load_catalog().links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4
-                             ).transfer_time(2000)
+    long_read = _tcp_transfer().transfer_time(2000)
     assert max(waits) <= step + long_read + 1e-9  # (at idle the long prompt's own read may take the lane first)
     assert sum(waits) / len(waits) == pytest.approx(mean * (1 - math.exp(-step / mean)), rel=0.08)
 

@@ -145,8 +145,10 @@ class _Trial:
         self.join()
         if any(first is None for first in firsts) or not busy_done:
             raise ProbeError("; ".join(self.errors) or "a probe's decode request streamed no token")
-        return {"first_tokens_ms": [first * 1e3 for first in firsts if first is not None],
-                "busy_answer_ms": (busy_done[0] - began) * 1e3}
+        firsts_ms = [first * 1e3 for first in firsts if first is not None]
+        busy_answer_ms = (busy_done[0] - began) * 1e3
+        return {"reads": len(prompts), "first_tokens_ms": firsts_ms, "spread_ms": max(firsts_ms) - min(firsts_ms),
+                "busy_answer_ms": busy_answer_ms, "before_busy_answer": max(firsts_ms) < busy_answer_ms}
 
 
 def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: int = 3000,
@@ -178,10 +180,7 @@ def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: 
                     extra = trial.reads_beside_busy_sender(prefill_url, decode_url,
                                                            [trial.prompt(prompt_tokens) for _ in range(reads)],
                                                            trial.prompt(busy_tokens))
-                    firsts = extra["first_tokens_ms"]
-                    ttft = statistics.median(firsts) / 1e3
-                    extra.update(reads=reads, spread_ms=max(firsts) - min(firsts),
-                                 before_busy_answer=max(firsts) < extra["busy_answer_ms"])
+                    ttft = statistics.median(extra["first_tokens_ms"]) / 1e3
                 else:
                     if condition in BUSY_AFTER_S:
                         target = prefill_url if condition == "prefill-busy" else decode_url

@@ -325,7 +325,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
 
     # x: the six cost coefficients, request and hand-off overheads, link bandwidth, and with reads gated by the
     # sender, the mean time a computing sender takes to serve its pending reads (x[9]).
-    busy_start = [start_overheads.sender_wake_s or DEFAULT_SENDER_WAKE_S] if sender_gated else []
+    wake_start = [start_overheads.sender_wake_s or DEFAULT_SENDER_WAKE_S] if sender_gated else []
 
     admission_s = {role: ms / 1e3 for role, ms in (admission_ms or {}).items()}
     per_stream_s, per_stream_found = per_stream_overhead_s(
@@ -371,7 +371,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     screen = max(max_evaluations // (2 * len(starts)), 10)
     best = None
     for values in starts:
-        result = minimize(objective, np.log([*values, link_start, *busy_start]), method="Nelder-Mead",
+        result = minimize(objective, np.log([*values, link_start, *wake_start]), method="Nelder-Mead",
                           options={"maxfev": screen, "xatol": 1e-3, "fatol": 1e-6, "adaptive": True})
         if best is None or result.fun < best.fun:
             best = result
