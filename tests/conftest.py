@@ -90,27 +90,13 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
 
 
-#: The notebooks' shared deployment (tests/test_notebooks.py, tests/test_browser.py): its own name and ports
-#: (8170-8179, NIXL 8220-8221), clear of `live_1p1d` and of the lab specs' ports, so both can be up at once.
-NOTEBOOK_DEPLOYMENT = "pytest-notebooks"
-NOTEBOOK_ROUTER = {"port": 8179, "threshold": 512}
-
-
 @pytest.fixture(scope="session")
-def notebook_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`pdlab up` one 1P1D+router deployment of the tiny model for the notebooks that share one (they attach to
-    it through $PDLAB_ATTACH); yields its name. `pdlab down` after, and no process of it may be left."""
-    lab = make_test_lab(tmp_path_factory.mktemp("labs"), NOTEBOOK_DEPLOYMENT, base_port=8170, router=NOTEBOOK_ROUTER)
-    up = run_pdlab("up", str(lab))
-    assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
-    try:
-        yield NOTEBOOK_DEPLOYMENT
-    finally:
-        down = run_pdlab("down", NOTEBOOK_DEPLOYMENT)
-        leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
-                     if "--port 817" in " ".join(p.cmdline())]
-        assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
-        assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
+def notebook_1p1d(live_1p1d: Deployment) -> str:
+    """The session deployment's name, for the notebooks that attach to one through $PDLAB_ATTACH (and the browser
+    test). The same deployment as `live_1p1d`, not a second one: an idle P/D deployment keeps both cores busy with
+    NIXL's polling threads (at idle priority, yet two CPU-bound processes beside one measured 2-3x slower), so two
+    idle deployments would slow every test that runs while they are up."""
+    return live_1p1d.spec.name
 
 
 #: Tests whose checks compare timings measured in-process (notebook 01 times prefill and decode with torch). They
@@ -119,5 +105,21 @@ def notebook_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 QUIET_FIRST = ("test_notebook_runs_top_to_bottom[01-prefill-vs-decode]",)
 
 
+#: Tests that use the session deployment. They run last, so that it is up (and its idle polling threads busy)
+#: only while they run, not beside every other test; the notebooks named in test_notebooks.ATTACHED ask for it
+#: inside the test, so they are named here by their ids.
+SHARED_DEPLOYMENT_FIXTURES = {"live_1p1d", "notebook_1p1d"}
+
+
+def uses_shared_deployment(item: pytest.Item) -> bool:
+    from tests.test_notebooks import ATTACHED
+
+    fixtures = set(getattr(item, "fixturenames", ()))
+    attaches = getattr(item, "originalname", "") == "test_notebook_runs_top_to_bottom" and any(
+        f"[{stem}]" in item.name for stem in ATTACHED)
+    return bool(fixtures & SHARED_DEPLOYMENT_FIXTURES) or attaches
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.name not in QUIET_FIRST)  # stable: everything else keeps its order
+    # stable: within each group, tests keep their order
+    items.sort(key=lambda item: 0 if item.name in QUIET_FIRST else 2 if uses_shared_deployment(item) else 1)

@@ -248,6 +248,7 @@ def wait_for_runs(page: Page, runs: int) -> None:
 def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp_path: Path,
                                                        notebook_1p1d: str) -> None:
     dep = Deployment.attach(notebook_1p1d)
+    threshold = set_router(dep)["threshold"]  # restored after: later tests share the deployment
     open_notebook(page, lab.open_url("04-router.ipynb"))
     # Once more, now that its kernel runs: on a loaded machine the first page's kernel websocket can fail while the
     # server is still setting the kernel up (a 500 in its log, seen in CI); the client reconnects, but the widget
@@ -289,5 +290,5 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
                          timeout=10).json()
         assert live["threshold"] == 8192, live
     finally:
-        set_router(dep, threshold=512)  # leave the shared deployment as the other notebooks expect it
+        set_router(dep, threshold=threshold)  # leave the shared deployment as the other tests expect it
     print(f"screenshots: {tmp_path}")
