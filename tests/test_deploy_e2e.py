@@ -100,6 +100,11 @@ def test_bench_transfer_times_real_kv_reads_beside_idle_and_busy_instances(live_
     assert len(together["first_tokens_ms"]) == 3 and together["spread_ms"] >= 0
     # (here the busy prompt is short, so it may well have been answered before the reads were posted)
     assert together["before_busy_answer"] == (max(together["first_tokens_ms"]) < together["busy_answer_ms"])
+    # the prefill instance runs on this machine: its progress thread (idle class) was watched while it computed
+    for trial in (alone, together):
+        assert all(run_ms > 0 for _, run_ms in trial["sender_bursts_ms"]), trial
+        assert len(trial["after_slice_ms"]) == trial["reads"]
+        assert all(a is None or a > 0 for a in trial["after_slice_ms"]), trial
     assert set(result["summary"]) == {t["condition"] for t in result["trials"]}
     assert "git" in result["environment"]
     below = run_pdlab("bench", "transfer", "--deployment", live_1p1d.spec.name, "--prompt-tokens", "10")

@@ -117,7 +117,7 @@ def _tcp_transfer() -> TransferCost:
     return TransferCost(load_catalog().links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
 
 
-def _reads_posted_together(wake_s: float, seed: int = 0) -> tuple[Instance, list]:
+def _reads_posted_together(wake_s: float, seed: int = 0, cv: float = 1.0) -> tuple[Instance, list]:
     """Three 100-token prompts and a 2,000-token one reach one prefill instance together (budget 512): the first
     step holds the three and the long one's first chunk, so the three reads are posted together at its end, while
     the instance goes on with the long prompt's next chunk."""
@@ -126,7 +126,8 @@ def _reads_posted_together(wake_s: float, seed: int = 0) -> tuple[Instance, list
         [Arrival(at_s=1.0, prompt_tokens=2000, output_tokens=2, cls="long")]
     prefill = instance("p", "prefill", budget=512, link=Link(transfer))
     sim = Simulation(router=RouterSettings(threshold=50), prefill=[prefill], decode=[instance("d", "decode")],
-                     overheads=ServingOverheads(transfer_waits_for_sender=True, sender_wake_s=wake_s), seed=seed)
+                     overheads=ServingOverheads(transfer_waits_for_sender=True, sender_wake_s=wake_s,
+                                                sender_wake_cv=cv), seed=seed)
     return prefill, sim.run(arrivals)[:3]
 
 
@@ -168,6 +169,24 @@ def test_a_busy_senders_wake_ups_come_at_exponential_gaps_of_their_mean() -> Non
     long_read = _tcp_transfer().transfer_time(2000)
     assert max(waits) <= step + long_read + 1e-9  # (at idle the long prompt's own read may take the lane first)
     assert sum(waits) / len(waits) == pytest.approx(mean * (1 - math.exp(-step / mean)), rel=0.08)
+
+
+@pytest.mark.parametrize("cv", [0.0, 0.5, 1.0])
+def test_a_read_posted_at_any_moment_waits_for_the_rest_of_a_length_biased_gap(cv: float) -> None:
+    """Wake-ups are a renewal process in equilibrium from the moment the sender starts computing: over 300 seeds
+    a read posted a step into it waits on average m (1 + cv^2) / 2 for gaps of mean m (here a tenth of the busy
+    time, so going idle hardly ever serves it first): half a gap when they are regular, a whole mean when they are
+    exponential. With regular gaps no read waits longer than one."""
+    prefill, reads = _reads_posted_together(1e3)
+    step = prefill.step_ends[-1] - reads[0].transfer_queued
+    mean = step / 10
+    waits = []
+    for seed in range(300):
+        _, reads = _reads_posted_together(mean, seed, cv)
+        waits.append(reads[0].transfer_start - reads[0].transfer_queued)
+    assert sum(waits) / len(waits) == pytest.approx(mean * (1 + cv * cv) / 2, rel=0.1)
+    if cv == 0.0:
+        assert max(waits) <= mean + 1e-9
 
 
 def test_a_disaggregated_request_posts_its_read_when_the_decode_instances_prefill_leaves_budget() -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 from pdlab.benchmarks.admission import DEFAULT_GAPS_MS as ADMISSION_GAPS_MS
 from pdlab.benchmarks.prefill import DEFAULT_LENGTHS as PREFILL_LENGTHS
 from pdlab.benchmarks.streams import DEFAULT_STREAMS as STREAMS_COUNTS
+from pdlab.benchmarks.transfer import CONDITIONS as TRANSFER_CONDITIONS
 from pdlab.cluster.cli import app as cluster_app
 from pdlab.experiment import cli as experiment_cli
 from pdlab.netlab.cli import app as netlab_app
@@ -319,6 +320,7 @@ def bench_transfer(
     prompt_tokens: int = typer.Option(3000, min=1, help="Probe prompt length (at or above the router threshold)."),
     busy_tokens: int = typer.Option(6000, min=1, help="Length of the prompt that keeps an instance busy."),
     repeats: int = typer.Option(3, min=1, help="Trials per condition."),
+    conditions: str = typer.Option(",".join(TRANSFER_CONDITIONS), help="Conditions to run, comma-separated."),
     out: Path = typer.Option(None, help="Output JSON (default: data/results/transfer/<timestamp>.json)."),
 ) -> None:
     """Time one prompt's KV transfer beside idle and busy instances, and several reads posted together beside a
@@ -328,6 +330,13 @@ def bench_transfer(
     from pdlab.benchmarks.prefill import ProbeError
     from pdlab.deploy import Deployment
     from pdlab.deploy.launcher import DeployError
+
+    chosen = [c.strip() for c in conditions.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in transfer.CONDITIONS]
+    if unknown or not chosen:
+        console.print(f"[red]error:[/red] --conditions: unknown {unknown or 'none given'}; choose from "
+                      f"{', '.join(transfer.CONDITIONS)}")
+        raise typer.Exit(code=2)
 
     def probe(dep: Deployment) -> dict:
         if not dep.router_url or not dep.urls("prefill") or not dep.urls("decode"):
@@ -339,9 +348,11 @@ def bench_transfer(
             console.print(f"[red]error:[/red] --prompt-tokens {prompt_tokens} is below the router threshold "
                           f"({threshold}): the probe would not take the P/D path")
             raise typer.Exit(code=2)
+        prefill = next(inst for inst in dep.instances if inst.spec.role == "prefill")
+        watch_cores = [core for inst in dep.instances if inst.spec.role == "decode" for core in inst.spec.cores]
         return transfer.run(dep.router_url, dep.urls("prefill")[0], dep.urls("decode")[0], out=out,
                             deployment=dep.spec.name, prompt_tokens=prompt_tokens, busy_tokens=busy_tokens,
-                            repeats=repeats)
+                            repeats=repeats, conditions=chosen, prefill_pid=prefill.pid, watch_cores=watch_cores)
 
     try:
         if deployment:
@@ -359,6 +370,13 @@ def bench_transfer(
                       + (f", first tokens {figures['spread_ms_median']:.1f} ms apart, all before the busy "
                          f"prompt's answer in {figures['before_busy_answer']:.0%} of trials"
                          if "spread_ms_median" in figures else ""))
+        if "sender_gap_ms_mean" in figures:
+            after = figures["after_slice_ms_median"]
+            console.print(f"{'':>23}the prefill instance's progress thread ran every "
+                          f"{figures['sender_gap_ms_mean']:.0f} ms "
+                          f"(median {figures['sender_gap_ms_median']:.0f}, CV {figures['sender_gap_cv']:.2f}, "
+                          f"{figures['sender_gaps']} gaps) while it computed"
+                          + (f"; first tokens came {after:.0f} ms after its last run" if after is not None else ""))
     console.print(f"written: {result['path']}")
 
 

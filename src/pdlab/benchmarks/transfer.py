@@ -13,6 +13,10 @@ conditions, each repeated:
   prompt is sent to the prefill instance, and once it computes the probes' decode requests go to the idle decode
   instance at once, which posts their reads in one step. Each read's first token, their spread, and whether they
   came before the busy prompt's answer (the end of its last step) are recorded.
+When the bench runs on the machine that hosts the prefill instance, the hand-driven trials also record when that
+instance's idle-class threads (NIXL's progress thread, which pdlab moves to SCHED_IDLE) got the CPU while it
+computed (`SenderWatch`): the moments its side of a read can be served, the gaps between them, and how long after
+the last such moment each read's first token came.
 Each trial records the probe's time to first token and the transfer time vLLM measured for it (the change of the
 decode instance's `vllm:nixl_xfer_time_seconds` over the trial). This is what the simulator's
 `ServingOverheads.transfer_waits_for_sender` and `sender_wake_s` describe: on a CPU a read completes only when the
@@ -21,6 +25,9 @@ instance it reads from, while it computes, gets around to serving it, and reads 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
 import random
 import statistics
 import threading
@@ -34,6 +41,7 @@ from rich.progress import Progress
 
 from pdlab.benchmarks import results
 from pdlab.benchmarks.prefill import ProbeError, random_prompt, served_model
+from pdlab.deploy.process import idle_class_threads
 from pdlab.metrics.kv import scrape_kv_transfer
 from pdlab.pdrequest import prefill_body
 
@@ -50,6 +58,81 @@ BUSY_AFTER_S = {"prefill-busy": 0.1, "decode-prefilling": 0.3}
 STREAMS = 8
 STREAM_PROMPT_TOKENS = 200
 STREAM_OUTPUT_TOKENS = 400
+
+
+#: How often `SenderWatch` reads the threads' run times: the resolution of the moments it records.
+WATCH_INTERVAL_S = 0.001
+#: Run time seen in samples less than this apart is one burst (a slice can be cut by a wake-up on its core).
+SLICE_MERGE_S = 0.02
+#: A burst with more run time than this is the thread having the core to itself (the instance not computing),
+#: not a slice granted beside the engine (those measured 0.3-5 ms).
+FREE_RUN_MS = 10.0
+
+
+class SenderWatch:
+    """Records when the idle-class threads of a process tree get the CPU, from their cumulative run time in
+    /proc/<pid>/task/<tid>/schedstat, read every WATCH_INTERVAL_S by a thread of this process (pinned to
+    `cores`, to keep the sampling off the core it watches). Linux only; `available` is False when there is
+    nothing to watch (another machine's instance, no idle-class thread, no /proc)."""
+
+    def __init__(self, pid: int | None, cores: Sequence[int] = ()):
+        threads = idle_class_threads(pid) if pid is not None else []
+        self._files = []
+        for proc_id, thread_id in threads:
+            with contextlib.suppress(OSError):
+                self._files.append(open(f"/proc/{proc_id}/task/{thread_id}/schedstat", "rb"))  # noqa: SIM115
+        self.available = bool(self._files)
+        self.cores = list(cores)
+        self.samples: list[tuple[float, float]] = []
+        """(perf_counter seconds, ms of run time since the previous sample) for each sample that saw some."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _run_ns(self) -> int:
+        total = 0
+        for handle in self._files:
+            handle.seek(0)
+            total += int(handle.read().split()[0])
+        return total
+
+    def _sample(self) -> None:
+        if self.cores:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.cores)  # this thread only
+        last = self._run_ns()
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            try:
+                now_ns = self._run_ns()
+            except (OSError, ValueError):  # the instance went away
+                return
+            if now_ns > last:
+                self.samples.append((time.perf_counter(), (now_ns - last) / 1e6))
+            last = now_ns
+
+    def __enter__(self) -> SenderWatch:
+        if self.available:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for handle in self._files:
+            handle.close()
+
+    def bursts(self, start: float, end: float) -> list[tuple[float, float]]:
+        """(start in perf_counter seconds, ms of run time) of each burst seen between `start` and `end`."""
+        out: list[list[float]] = []
+        last = -1.0
+        for moment, run_ms in self.samples:
+            if start <= moment <= end:
+                if out and moment - last < SLICE_MERGE_S:
+                    out[-1][1] += run_ms
+                else:
+                    out.append([moment, run_ms])
+                last = moment
+        return [(begin, run_ms) for begin, run_ms in out]
 
 
 class _Trial:
@@ -116,9 +199,12 @@ class _Trial:
         return params
 
     def reads_beside_busy_sender(self, prefill_url: str, decode_url: str, prompts: list[list[int]],
-                                 busy_prompt: list[int]) -> dict[str, Any]:
+                                 busy_prompt: list[int], watch: SenderWatch | None = None) -> dict[str, Any]:
         """Prefill `prompts`, keep the prefill instance busy with `busy_prompt`, then send their decode requests
-        together to the (idle) decode instance; times are from that moment."""
+        together to the (idle) decode instance; times are from that moment. With a `watch` on the prefill
+        instance, also the moments its idle-class threads ran while it computed (`sender_slices_ms`, from the first
+        one after the busy prompt was sent to its answer) and, per read, how long after the last of them before
+        its first token that token came (`after_slice_ms`)."""
         params = [self.prefill_leg(prefill_url, prompt) for prompt in prompts]
         busy_done: list[float] = []
 
@@ -126,6 +212,7 @@ class _Trial:
             self.post(prefill_url, busy_prompt, 1)
             busy_done.append(time.perf_counter())
 
+        busy_sent = time.perf_counter()
         self.later(0.0, busy)
         time.sleep(BUSY_LEAD_S)
         firsts: list[float | None] = [None] * len(prompts)
@@ -147,16 +234,37 @@ class _Trial:
             raise ProbeError("; ".join(self.errors) or "a probe's decode request streamed no token")
         firsts_ms = [first * 1e3 for first in firsts if first is not None]
         busy_answer_ms = (busy_done[0] - began) * 1e3
-        return {"reads": len(prompts), "first_tokens_ms": firsts_ms, "spread_ms": max(firsts_ms) - min(firsts_ms),
-                "busy_answer_ms": busy_answer_ms, "before_busy_answer": max(firsts_ms) < busy_answer_ms}
+        row = {"reads": len(prompts), "first_tokens_ms": firsts_ms, "spread_ms": max(firsts_ms) - min(firsts_ms),
+               "busy_answer_ms": busy_answer_ms, "before_busy_answer": max(firsts_ms) < busy_answer_ms}
+        if watch is not None and watch.available:
+            bursts = [((t - began) * 1e3, run_ms) for t, run_ms in watch.bursts(busy_sent, busy_done[0])]
+            row.update(busy_sent_ms=(busy_sent - began) * 1e3, sender_bursts_ms=bursts,
+                       after_slice_ms=[_after_slice(bursts, first) for first in firsts_ms])
+        return row
+
+
+def _after_slice(bursts: list[tuple[float, float]], first_ms: float) -> float | None:
+    """How long after the last burst before it a read's first token came, if that burst was a slice granted
+    beside the computing engine (None if the sender had the core to itself then, or never ran)."""
+    before = [(t, run_ms) for t, run_ms in bursts if t < first_ms]
+    if not before or before[-1][1] >= FREE_RUN_MS:
+        return None
+    return first_ms - before[-1][0]
+
+
+def slice_gaps(bursts: list[tuple[float, float]]) -> list[float]:
+    """Gaps (ms) between consecutive slices granted beside the computing engine (free runs break the chain)."""
+    return [b[0] - a[0] for a, b in itertools.pairwise(bursts) if a[1] < FREE_RUN_MS and b[1] < FREE_RUN_MS]
 
 
 def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: int = 3000,
           busy_tokens: int = 6000, repeats: int = 3, conditions: Sequence[str] = CONDITIONS, vocab: int = 1000,
-          seed: int = 0, settle_s: float = 2.0, progress: bool = True, timeout_s: float = 300.0
-          ) -> list[dict[str, Any]]:
+          seed: int = 0, settle_s: float = 2.0, progress: bool = True, timeout_s: float = 300.0,
+          prefill_pid: int | None = None, watch_cores: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Run every condition `repeats` times (interleaved, so slow drifts of a shared machine hit all alike); one
-    row per trial. `prompt_tokens` must be at or above the router's threshold (the probe must take the P/D path)."""
+    row per trial. `prompt_tokens` must be at or above the router's threshold (the probe must take the P/D path).
+    `prefill_pid` (an instance on this machine) turns on `SenderWatch` in the hand-driven conditions, sampling
+    from `watch_cores`."""
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         raise ValueError(f"unknown condition(s) {unknown}; choose from {list(CONDITIONS)}")
@@ -177,9 +285,10 @@ def probe(router_url: str, prefill_url: str, decode_url: str, *, prompt_tokens: 
                 extra: dict[str, Any] = {}
                 if condition in ("prefill-busy-alone", "prefill-busy-together"):
                     reads = TOGETHER if condition == "prefill-busy-together" else 1
-                    extra = trial.reads_beside_busy_sender(prefill_url, decode_url,
-                                                           [trial.prompt(prompt_tokens) for _ in range(reads)],
-                                                           trial.prompt(busy_tokens))
+                    with SenderWatch(prefill_pid, watch_cores) as watch:
+                        extra = trial.reads_beside_busy_sender(prefill_url, decode_url,
+                                                               [trial.prompt(prompt_tokens) for _ in range(reads)],
+                                                               trial.prompt(busy_tokens), watch)
                     ttft = statistics.median(extra["first_tokens_ms"]) / 1e3
                 else:
                     if condition in BUSY_AFTER_S:
@@ -212,7 +321,31 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         if "spread_ms" in mine[0]:
             out[condition].update(spread_ms_median=statistics.median(r["spread_ms"] for r in mine),
                                   before_busy_answer=sum(r["before_busy_answer"] for r in mine) / len(mine))
+        gaps = [gap for r in mine for gap in slice_gaps(r.get("sender_bursts_ms", []))]
+        if len(gaps) >= 2:
+            mean = statistics.fmean(gaps)
+            after = [a for r in mine for a in r["after_slice_ms"] if a is not None]
+            out[condition].update(sender_gaps=len(gaps), sender_gap_ms_mean=mean,
+                                  sender_gap_ms_median=statistics.median(gaps),
+                                  sender_gap_cv=statistics.pstdev(gaps) / mean,
+                                  after_slice_ms_median=statistics.median(after) if after else None)
     return out
+
+
+def load_gap_cv(path: Path) -> float:
+    """The coefficient of variation of the gaps between a busy sender's slices in a `pdlab bench transfer`
+    result, pooled over its hand-driven trials (what the simulator's `sender_wake_cv` holds)."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or data.get("benchmark") != "transfer" or "trials" not in data:
+        raise ValueError(f"{path}: not a `pdlab bench transfer` result")
+    gaps = [gap for row in data["trials"] for gap in slice_gaps(row.get("sender_bursts_ms", []))]
+    if len(gaps) < 10:
+        raise ValueError(f"{path}: {len(gaps)} gaps between the sender's slices; at least 10 are needed (run the "
+                         "bench on the machine that hosts the deployment, with the prefill-busy-alone or "
+                         "prefill-busy-together condition)")
+    return statistics.pstdev(gaps) / statistics.fmean(gaps)
 
 
 def run(router_url: str, prefill_url: str, decode_url: str, *, out: Path | None = None,

@@ -236,6 +236,24 @@ def deprioritize_spinning_threads(pid: int, window_s: float = 0.5, busy_share: f
     return calmed
 
 
+def idle_class_threads(pid: int) -> list[tuple[int, int]]:
+    """(process id, thread id) of every thread of `pid` and its descendants in the idle scheduling class: on a P/D
+    instance, NIXL's progress thread once `deprioritize_spinning_threads` has moved it."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            for thread in proc.threads():
+                with contextlib.suppress(OSError):
+                    if os.sched_getscheduler(thread.id) == os.SCHED_IDLE:
+                        found.append((proc.pid, thread.id))
+    return found
+
+
 def _signal_all(pgid: int, procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

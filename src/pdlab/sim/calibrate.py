@@ -277,7 +277,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                 prefill_probe: list[tuple[int, float]] | None = None, probe_source: str | None = None,
                 admission_ms: dict[str, float] | None = None, admission_sources: Sequence[str] = (),
                 streams_probe: Sequence[dict] | None = None, streams_sources: Sequence[str] = (),
-                sender_gated: bool = True,
+                sender_gated: bool = True, sender_wake_cv: float | None = None,
+                transfer_sources: Sequence[str] = (),
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
     the simulator reproduces their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean absolute log error
@@ -288,7 +289,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
     With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes waits for
-    the sender to serve it, a fitted mean time (`ServingOverheads.sender_wake_s`), and each run's
+    the sender to serve it, a fitted mean time (`ServingOverheads.sender_wake_s`; the gaps' coefficient of
+    variation is held: `sender_wake_cv`, measured by `pdlab bench transfer`, else the start profile's), and each run's
     mean KV transfer time as vLLM measured it (`kv.json`) joins the errors. `admission_ms` (per instance role,
     from `pdlab bench admission`) is held: runs with Poisson arrivals rarely show it; the bench measures it. So is
     the request overhead per running stream, from `streams_probe` (`pdlab bench streams` results, as read by
@@ -326,6 +328,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     # x: the six cost coefficients, request and hand-off overheads, link bandwidth, and with reads gated by the
     # sender, the mean time a computing sender takes to serve its pending reads (x[9]).
     wake_start = [start_overheads.sender_wake_s or DEFAULT_SENDER_WAKE_S] if sender_gated else []
+    wake_cv = start_overheads.sender_wake_cv if sender_wake_cv is None else sender_wake_cv
 
     admission_s = {role: ms / 1e3 for role, ms in (admission_ms or {}).items()}
     per_stream_s, per_stream_found = per_stream_overhead_s(
@@ -335,8 +338,10 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:6])), ServingOverheads(
-            float(values[6]), float(values[7]), jitter, sender_gated,
-            float(values[9]) if sender_gated else 0.0, admission_s, per_stream_s), float(values[8])
+            request_s=float(values[6]), handoff_s=float(values[7]), step_jitter_s=jitter,
+            transfer_waits_for_sender=sender_gated, sender_wake_s=float(values[9]) if sender_gated else 0.0,
+            sender_wake_cv=wake_cv, admission_s=admission_s,
+            request_per_stream_s=per_stream_s), float(values[8])
 
     transfers = [measured_transfer_s(Path(d)) if sender_gated else None for d in run_dirs]
 
@@ -412,6 +417,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                                         "TTFT beside none, minus the simulated slope (start profile's costs), mean "
                                         "over the instances probed"}}
            if streams_probe else {}),
+        **({"transfer_probe": {"sources": list(transfer_sources), "sender_wake_cv": wake_cv}}
+           if sender_wake_cv is not None else {}),
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
                           f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
                 "start": start or DEFAULT_START_PROFILE,
@@ -419,7 +426,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs)
                   + (f" --prefill-probe {probe_source}" if prefill_probe else "")
                   + "".join(f" --admission-probe {path}" for path in admission_sources)
-                  + "".join(f" --streams-probe {path}" for path in streams_sources),
+                  + "".join(f" --streams-probe {path}" for path in streams_sources)
+                  + "".join(f" --transfer-probe {path}" for path in transfer_sources),
         "dtype_bytes": 4,
         "environment": capture(),
     }

@@ -89,6 +89,10 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   streams_probe: list[Path] = typer.Option(None, "--streams-probe", help="--from-runs: take the "
                                                            "request overhead per running stream from `pdlab bench "
                                                            "streams` results (held, not fitted; repeatable)."),
+                  transfer_probe: list[Path] = typer.Option(None, "--transfer-probe", help="--from-runs: take "
+                                                            "the spread of a busy sender's wake-ups (coefficient "
+                                                            "of variation of their gaps) from `pdlab bench "
+                                                            "transfer` results (held, not fitted; repeatable)."),
                   sender_gated: bool = typer.Option(True, help="--from-runs: KV reads wait while the prefill "
                                                     "instance computes (how soon it serves them is fitted), as on "
                                                     "pdlab's CPU tier (`pdlab bench transfer`); "
@@ -99,13 +103,14 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     from pdlab.benchmarks.admission import load_windows_ms
     from pdlab.benchmarks.prefill import load_points
     from pdlab.benchmarks.streams import load_points as load_streams_points
+    from pdlab.benchmarks.transfer import load_gap_cv
     from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
     from pdlab.sim.calibrate import CalibrationGrid, calibrate, fit_to_runs
     from pdlab.sim.validate import RunDirError
 
     for given, option in ((prefill_probe, "--prefill-probe"), (admission_probe or None, "--admission-probe"),
-                          (streams_probe or None, "--streams-probe")):
+                          (streams_probe or None, "--streams-probe"), (transfer_probe or None, "--transfer-probe")):
         if given is not None and not from_runs:
             console.print(f"[red]error:[/red] {option} goes with --from-runs (it is used in fitting to runs)")
             raise typer.Exit(code=2)
@@ -119,6 +124,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
             probe = load_points(prefill_probe) if prefill_probe is not None else None
             windows_ms = {role: ms for path in admission_probe or () for role, ms in load_windows_ms(path).items()}
             streams = [inst for path in streams_probe or () for inst in load_streams_points(path)]
+            cvs = [load_gap_cv(path) for path in transfer_probe or ()]
             with console.status(f"fitting {model} to {len(runs)} runs ...") as status:
                 profile = fit_to_runs(runs, model, start=start, max_evaluations=evaluations,
                                       prefill_probe=probe, probe_source=str(prefill_probe) if probe else None,
@@ -127,6 +133,8 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                       streams_probe=streams or None,
                                       streams_sources=[str(path) for path in streams_probe or ()],
                                       sender_gated=sender_gated,
+                                      sender_wake_cv=sum(cvs) / len(cvs) if cvs else None,
+                                      transfer_sources=[str(path) for path in transfer_probe or ()],
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")

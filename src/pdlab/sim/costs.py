@@ -193,12 +193,19 @@ class ServingOverheads:
     - `sender_wake_s`: with `transfer_waits_for_sender`, the mean time between the moments a computing sender
       serves its pending reads (its progress thread getting a slice of the busy core): a read posted while the
       sender computes completes at the first such moment or when the sender goes idle, whichever comes first,
-      together with every other read waiting on that sender, whatever their sizes. The moments come at random
-      (exponential gaps, seeded). 0: only when the sender goes idle. Why this shape: `pdlab bench transfer`'s
-      hand-driven trials post one read, or three of 50 MB together, beside a sender computing a long prompt; the
-      three end within a few milliseconds of each other, and all end seconds before the prompt does
-      (data/results/transfer/20261201-233556.json; a lone read tends to end sooner than a group, which one mean
-      does not describe: docs/simulator.md). Fitted (`pdlab sim calibrate --from-runs`);
+      together with every other read waiting on that sender, whatever their sizes. The moments form a renewal
+      process that starts when the sender starts computing (at a random point of a gap) and whose gaps are
+      gamma-distributed with this mean and `sender_wake_cv` (seeded). 0: only when the sender goes idle. Why this
+      shape: `pdlab bench transfer`'s hand-driven trials post one read, or three of 50 MB together, beside a sender
+      computing a long prompt, and watch when the sender's idle-class thread (NIXL's progress thread) runs: every
+      read's first token comes 12-80 ms (median 46-69) after the first slice the thread gets after the read was
+      posted, whether it is alone or one of three, and the three end within a few milliseconds of each other
+      (data/results/transfer/20261202-031805.json). Fitted (`pdlab sim calibrate --from-runs`): the same bench
+      measures the gaps directly, but on the machine and the day it runs, and the runs the profile is fitted on
+      were recorded on another;
+    - `sender_wake_cv`: the coefficient of variation of those gaps; 1 is exponential (memoryless). Measured, not
+      fitted: 0.75 over 166 gaps (mean 622 ms, median 515) in the bench above; a ratio, so it carries over between
+      days on which the machine ran at different speeds;
     - `admission_s`: per instance role (colocated, prefill, decode), how long an idle instance takes to start its
       first step after work arrives; whatever arrives meanwhile joins that step. vLLM's engine, woken by a
       request, takes in every request queued by then, and on a CPU server the API server, the engine and (on P/D
@@ -217,6 +224,7 @@ class ServingOverheads:
     step_jitter_s: tuple[float, ...] = ()
     transfer_waits_for_sender: bool = False
     sender_wake_s: float = 0.0
+    sender_wake_cv: float = 1.0
     admission_s: dict[str, float] = field(default_factory=dict)
     request_per_stream_s: float = 0.0
 
@@ -236,6 +244,7 @@ class ServingOverheads:
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
                 "transfer_waits_for_sender": self.transfer_waits_for_sender,
                 "sender_wake_ms": self.sender_wake_s * 1e3,
+                "sender_wake_cv": self.sender_wake_cv,
                 "admission_ms": {role: seconds * 1e3 for role, seconds in self.admission_s.items()}}
 
     @classmethod
@@ -254,6 +263,7 @@ class ServingOverheads:
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
                    transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)),
                    sender_wake_s=float(data.get("sender_wake_ms", 0.0)) / 1e3,
+                   sender_wake_cv=float(data.get("sender_wake_cv", 1.0)),
                    admission_s={str(role): float(ms) / 1e3 for role, ms in (data.get("admission_ms") or {}).items()})
 
 

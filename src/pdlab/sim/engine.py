@@ -104,9 +104,13 @@ class Instance:
     """Computing a step."""
     step_done: simpy.Event | None = None
     """Fired when the step being computed ends, for whoever waits on it; made on demand."""
+    busy_since: float = 0.0
+    """When its current stretch of back-to-back steps began (the sender's wake-ups run from there)."""
+    next_wake_at: float | None = None
+    """The next moment this prefill instance, computing, serves the reads waiting on it
+    (`ServingOverheads.sender_wake_s`); drawn on demand."""
     sender_wake: simpy.Event | None = None
-    """When this prefill instance next serves the reads waiting on it while it computes; made on demand
-    (`ServingOverheads.sender_wake_s`)."""
+    """The event for `next_wake_at`, shared by every read waiting on it."""
     _ends: np.ndarray | None = field(default=None, repr=False)
 
     def step_end_array(self) -> np.ndarray:
@@ -176,6 +180,7 @@ class Simulation:
         """An instance's scheduler loop: plan a step, spend its duration, apply it; sleep when there is no work."""
         env = self.env
         admission = self.overheads.admission_s.get(inst.role, 0.0)
+        rested = True
         while True:
             step = self._plan_step(inst)
             if step is None:
@@ -184,8 +189,11 @@ class Simulation:
                 inst.idle = None
                 if admission > 0:  # what arrives while it wakes joins its first step
                     yield env.timeout(admission)
+                rested = True
                 continue
             chunks, duration = step
+            if rested:
+                inst.busy_since, rested = env.now, False
             inst.busy = True
             yield env.timeout(max(duration + next(self._step_jitters), 0.0))
             inst.busy = False
@@ -369,23 +377,48 @@ class Simulation:
 
     def _sender_serves(self, prefill: Instance):
         """Wait until a computing `prefill` instance serves the reads waiting on it: when it goes idle, or at the
-        next moment its progress thread runs (exponential gaps of mean `sender_wake_s`; none when 0), whichever
-        comes first. A step that ends with another right behind it serves nothing. Every read waiting on it then
-        completes at once. One pending moment per sender, drawn when a read first needs it: the gaps are
-        memoryless, so a read posted later waits for the same one."""
-        mean = self.overheads.sender_wake_s
+        next moment its progress thread runs (`_next_wake`; none when `sender_wake_s` is 0), whichever comes first.
+        A step that ends with another right behind it serves nothing. Every read waiting on it then completes at
+        once: they wait on one shared event."""
         while prefill.busy:
-            if mean <= 0:
+            if self.overheads.sender_wake_s <= 0:
                 yield self._step_end(prefill)
                 continue
+            wake_at = self._next_wake(prefill)
             if prefill.sender_wake is None or prefill.sender_wake.processed:
-                prefill.sender_wake = self.env.timeout(float(self._wake_rng.exponential(mean)))
+                prefill.sender_wake = self.env.timeout(wake_at - self.now)
             wake = prefill.sender_wake
             fired = yield self._step_end(prefill) | wake
             if wake in fired:
                 return
             # (the step that ended has handed over to the next one by now, if there is one: `_serve` plans it
             # before a waiting read resumes)
+
+    def _next_wake(self, prefill: Instance) -> float:
+        """The sender's next wake-up at or after now. Wake-ups form a renewal process over each stretch of
+        back-to-back steps, with gaps gamma-distributed of mean `sender_wake_s` and coefficient of variation
+        `sender_wake_cv`. It is in equilibrium from the stretch's start (where the progress thread stood in its
+        turn when the engine took the core is arbitrary): the first wake-up is a uniform fraction of a
+        length-biased gap away (gamma with one more unit of shape), so a read posted at any moment waits as long
+        on average, and with exponential gaps (cv 1) the process is exactly Poisson. Drawn lazily, so a stretch
+        no read waits on costs nothing."""
+        wake_at = prefill.next_wake_at
+        if wake_at is None or wake_at < prefill.busy_since:  # a new stretch: start over
+            wake_at = prefill.busy_since + float(self._wake_rng.random()) * self._wake_gap(biased=True)
+            prefill.sender_wake = None
+        while wake_at < self.now:
+            wake_at += self._wake_gap()
+            prefill.sender_wake = None
+        prefill.next_wake_at = wake_at
+        return wake_at
+
+    def _wake_gap(self, biased: bool = False) -> float:
+        """One gap between wake-ups; `biased`: the gap that covers a given moment (longer ones are likelier)."""
+        mean, cv = self.overheads.sender_wake_s, self.overheads.sender_wake_cv
+        if cv <= 0:
+            return mean
+        shape = 1.0 / (cv * cv)
+        return float(self._wake_rng.gamma(shape + (1.0 if biased else 0.0), mean / shape))
 
     def _transfer(self, request: SimRequest):
         """Pull the KV over the prefill instance's link, then hand the request to the decode batch."""
