@@ -244,6 +244,22 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
     assert report["max_error_pct"] < 10, report
 
 
+def test_the_sender_wake_ups_spread_is_held_through_the_fit_and_recorded(tmp_path: Path) -> None:
+    """`pdlab bench transfer` measures the spread of a busy sender's wake-ups; the fit searches only their mean and
+    the profile keeps the spread with its source."""
+    from pdlab.sim.calibrate import fit_to_runs
+
+    truth = write_profile(tmp_path / "truth.json", TRUTH)
+    runs = [write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
+                                     calibration_requests())]
+    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=60, sender_wake_cv=0.7,
+                         transfer_sources=["transfer.json"])
+    assert fitted["overheads"]["sender_wake_cv"] == 0.7
+    assert fitted["transfer_probe"] == {"sources": ["transfer.json"], "sender_wake_cv": 0.7}
+    assert fitted["source"].endswith(" --transfer-probe transfer.json")
+    assert ServingOverheads.from_json(fitted["overheads"]).sender_wake_cv == 0.7
+
+
 def test_the_admission_window_is_held_through_the_fit_and_recorded(tmp_path: Path) -> None:
     """`pdlab bench admission`'s windows are measured, not fitted: the fit simulates with them and the profile keeps
     them (with their source), so the validation replays what was fitted."""

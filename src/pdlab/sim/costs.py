@@ -198,13 +198,13 @@ class ServingOverheads:
       gamma-distributed with this mean and `sender_wake_cv` (seeded). 0: only when the sender goes idle. Why this
       shape: `pdlab bench transfer`'s hand-driven trials post one read, or three of 50 MB together, beside a sender
       computing a long prompt, and watch when the sender's idle-class thread (NIXL's progress thread) runs: every
-      read's first token comes 12-80 ms (median 46-69) after the first slice the thread gets after the read was
-      posted, whether it is alone or one of three, and the three end within a few milliseconds of each other
-      (data/results/transfer/20261202-031805.json). Fitted (`pdlab sim calibrate --from-runs`): the same bench
-      measures the gaps directly, but on the machine and the day it runs, and the runs the profile is fitted on
-      were recorded on another;
+      read's first token comes 26-76 ms (median 41 alone, 66 for three) after the first slice the thread gets
+      after the read was posted, whether it is alone or one of three, and the three end within a few milliseconds
+      of each other (data/results/transfer/20261202-030654.json). Fitted (`pdlab sim calibrate --from-runs`):
+      the same bench measures the gaps directly, but on the machine and the day it runs, and the runs the profile
+      is fitted on were recorded on another;
     - `sender_wake_cv`: the coefficient of variation of those gaps; 1 is exponential (memoryless). Measured, not
-      fitted: 0.75 over 166 gaps (mean 622 ms, median 515) in the bench above; a ratio, so it carries over between
+      fitted: 0.68 over 206 gaps (mean 642 ms, median 546) in the bench above; a ratio, so it carries over between
       days on which the machine ran at different speeds;
     - `admission_s`: per instance role (colocated, prefill, decode), how long an idle instance takes to start its
       first step after work arrives; whatever arrives meanwhile joins that step. vLLM's engine, woken by a
