@@ -308,6 +308,28 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     assert shape.max_num_batched_tokens == 512
 
 
+def test_the_simulators_percentiles_are_averaged_over_seeds_not_pooled() -> None:
+    """One simulation is one random draw (step jitter, a busy sender's wake-ups); a validation averages each
+    percentile over several seeds. Averaging, not pooling: twice the same requests would move a small class's p99
+    onto its largest value."""
+    from pdlab.sim.validate import seed_mean
+
+    one = {"short": {"ttft_ms": {"p50": 10.0, "p99": 50.0}, "itl_ms": {"p50": 2.0, "p99": 8.0}}, "requests": {}}
+    two = {"short": {"ttft_ms": {"p50": 14.0, "p99": 70.0}, "itl_ms": {"p50": 2.0, "p99": None}}, "requests": {}}
+    assert seed_mean([one, one]) == {"short": {"ttft_ms": {"p50": 10.0, "p99": 50.0},
+                                               "itl_ms": {"p50": 2.0, "p99": 8.0}}}
+    assert seed_mean([one, two]) == {"short": {"ttft_ms": {"p50": 12.0, "p99": 60.0},
+                                               "itl_ms": {"p50": 2.0, "p99": 8.0}}}
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_a_run_replayed_under_its_own_costs_matches_whatever_the_seeds(tmp_path: Path, seeds: int) -> None:
+    """Without random overheads every seed draws the same simulation: averaging changes nothing."""
+    profile = write_profile(tmp_path / "profile.json", TRUTH)
+    run = make_run(tmp_path / "run", profile, {"prefill": 1, "decode": 1})
+    assert validate_runs([run], profile, model="pdlab-small", seeds=seeds)["max_error_pct"] < 0.01
+
+
 def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() -> None:
     """data/results/sim-validation/ records the simulator against measured runs shipped in data/sim-runs/, with the
     profile shipped in data/catalog/profiles/: replaying them again gives the same numbers (the simulator is
@@ -322,7 +344,8 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
     repeats = [root / r["repeat"] for r in recorded["runs"] if "repeat" in r]
     pooled = [root / p for r in recorded["runs"] for p in r.get("pooled", [])]
     profile = resolve_profile(Path(recorded["profile"]))
-    again = validate_runs(runs, profile, model=recorded["model"], repeats=repeats, pooled=pooled)
+    again = validate_runs(runs, profile, model=recorded["model"], repeats=repeats, pooled=pooled,
+                          seeds=recorded.get("seeds", 1))
     for old, new in zip(recorded["runs"], again["runs"], strict=True):
         assert old["errors"].keys() == new["errors"].keys()
         for key, e in old["errors"].items():

@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from pdlab.sim.validate import VALIDATION_SEEDS
+
 app = typer.Typer(help="Simulate P/D serving at cluster scale.", no_args_is_help=True)
 console = Console()
 
@@ -97,6 +99,9 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                                     "instance computes (how soon it serves them is fitted), as on "
                                                     "pdlab's CPU tier (`pdlab bench transfer`); "
                                                     "--no-sender-gated for runs whose transfers do not (RDMA)."),
+                  seeds: int = typer.Option(1, min=1, help="--from-runs: simulations of each run per evaluation "
+                                            "(seeds 0, 1, ...), each percentile averaged over them: slower, and less "
+                                            "prone to fit one random draw."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
@@ -134,7 +139,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                       streams_sources=[str(path) for path in streams_probe or ()],
                                       sender_gated=sender_gated,
                                       sender_wake_cv=sum(cvs) / len(cvs) if cvs else None,
-                                      transfer_sources=[str(path) for path in transfer_probe or ()],
+                                      transfer_sources=[str(path) for path in transfer_probe or ()], seeds=seeds,
                                       progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")
@@ -202,6 +207,9 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  pool: list[Path] = typer.Option(None, "--pool", help="Another measured run of the same scenario "
                                                  "(same directory name) whose requests join it: percentiles over "
                                                  "both runs' requests, measured and simulated. Repeatable."),
+                 seeds: int = typer.Option(VALIDATION_SEEDS, min=1, help="Simulations of each run (seeds 0, 1, "
+                                           "...), each percentile averaged over them: the simulator's own "
+                                           "percentiles rather than one random draw's."),
                  results_copy: bool = typer.Option(
                      True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
@@ -224,7 +232,7 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         shape.threshold = threshold if threshold is not None else shape.threshold
         shape.max_num_batched_tokens = budget or shape.max_num_batched_tokens
     try:
-        result = validate_runs(runs, profile, model=model, shape=shape, repeats=repeat, pooled=pool)
+        result = validate_runs(runs, profile, model=model, shape=shape, repeats=repeat, pooled=pool, seeds=seeds)
     except RunDirError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
@@ -266,7 +274,7 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
 
     result["command"] = "pdlab sim validate " + " ".join(
         [str(r) for r in runs] + [f"--pool {r}" for r in pool or []] + [f"--repeat {r}" for r in repeat or []]
-        + [f"--profile {profile_name}"])
+        + [f"--profile {profile_name}", f"--seeds {seeds}"])
     result["profile"] = str(profile_name)  # as given (a shipped name stays portable across checkouts)
     result["environment"] = capture()
     out.mkdir(parents=True, exist_ok=True)

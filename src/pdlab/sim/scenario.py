@@ -82,7 +82,8 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     return Prepared(spec, model, cost, link, capacity, source, overheads)
 
 
-def build(prepared: Prepared) -> Simulation:
+def build(prepared: Prepared, seed: int = 0) -> Simulation:
+    """The simulation of `prepared`; `seed` draws its step jitter and a busy sender's wake-ups."""
     spec, engine = prepared.spec, prepared.spec.engine
 
     def instance(name: str, role: str) -> Instance:
@@ -101,6 +102,7 @@ def build(prepared: Prepared) -> Simulation:
         prefill=[instance(f"prefill-{i}", "prefill") for i in range(pools.prefill)],
         decode=[instance(f"decode-{i}", "decode") for i in range(pools.decode)],
         overheads=prepared.overheads,
+        seed=seed,
     )
 
 
