@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdlab.benchmarks.transfer import SenderWatch, _after_slice, load_gap_cv, slice_gaps
+from pdlab.benchmarks.transfer import SenderWatch, after_last_slice, load_gap_cv, slice_gaps
 
 SPINNER = """
 import os, threading, time
@@ -52,9 +52,9 @@ def test_the_watch_sees_an_idle_class_thread_run_and_nothing_in_a_process_withou
 def test_gaps_are_counted_between_slices_only_and_a_first_token_is_timed_from_the_last_slice() -> None:
     bursts = [(-300.0, 40.0), (100.0, 1.5), (600.0, 3.0), (700.0, 30.0), (1500.0, 2.0), (2100.0, 0.5)]
     assert slice_gaps(bursts) == [500.0, 600.0]  # the free run at 700 ms breaks the chain
-    assert _after_slice(bursts, 650.0) == pytest.approx(50.0)
-    assert _after_slice(bursts, 720.0) is None  # served while the sender had the core to itself
-    assert _after_slice(bursts, -400.0) is None
+    assert after_last_slice(bursts, 650.0) == pytest.approx(50.0)
+    assert after_last_slice(bursts, 720.0) is None  # served while the sender had the core to itself
+    assert after_last_slice(bursts, -400.0) is None
 
 
 def test_the_gaps_spread_is_read_from_a_result_and_a_result_without_slices_is_refused(tmp_path: Path) -> None:

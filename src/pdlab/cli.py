@@ -334,8 +334,8 @@ def bench_transfer(
     chosen = [c.strip() for c in conditions.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in transfer.CONDITIONS]
     if unknown or not chosen:
-        console.print(f"[red]error:[/red] --conditions: unknown {unknown or 'none given'}; choose from "
-                      f"{', '.join(transfer.CONDITIONS)}")
+        what = f"unknown {', '.join(unknown)}" if unknown else "none named"
+        console.print(f"[red]error:[/red] --conditions: {what}; choose from {', '.join(transfer.CONDITIONS)}")
         raise typer.Exit(code=2)
 
     def probe(dep: Deployment) -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import random
 import statistics
@@ -65,7 +66,7 @@ WATCH_INTERVAL_S = 0.001
 #: Run time seen in samples less than this apart is one burst (a slice can be cut by a wake-up on its core).
 SLICE_MERGE_S = 0.02
 #: A burst with more run time than this is the thread having the core to itself (the instance not computing),
-#: not a slice granted beside the engine (those measured 0.3-5 ms).
+#: not a slice granted beside the engine (those measured 0.01-5 ms).
 FREE_RUN_MS = 10.0
 
 
@@ -202,8 +203,8 @@ class _Trial:
                                  busy_prompt: list[int], watch: SenderWatch | None = None) -> dict[str, Any]:
         """Prefill `prompts`, keep the prefill instance busy with `busy_prompt`, then send their decode requests
         together to the (idle) decode instance; times are from that moment. With a `watch` on the prefill
-        instance, also the moments its idle-class threads ran while it computed (`sender_slices_ms`, from the first
-        one after the busy prompt was sent to its answer) and, per read, how long after the last of them before
+        instance, also the bursts in which its idle-class threads ran (`sender_bursts_ms`: start and ms of run
+        time, from the busy prompt being sent to its answer) and, per read, how long after the last slice before
         its first token that token came (`after_slice_ms`)."""
         params = [self.prefill_leg(prefill_url, prompt) for prompt in prompts]
         busy_done: list[float] = []
@@ -239,11 +240,11 @@ class _Trial:
         if watch is not None and watch.available:
             bursts = [((t - began) * 1e3, run_ms) for t, run_ms in watch.bursts(busy_sent, busy_done[0])]
             row.update(busy_sent_ms=(busy_sent - began) * 1e3, sender_bursts_ms=bursts,
-                       after_slice_ms=[_after_slice(bursts, first) for first in firsts_ms])
+                       after_slice_ms=[after_last_slice(bursts, first) for first in firsts_ms])
         return row
 
 
-def _after_slice(bursts: list[tuple[float, float]], first_ms: float) -> float | None:
+def after_last_slice(bursts: list[tuple[float, float]], first_ms: float) -> float | None:
     """How long after the last burst before it a read's first token came, if that burst was a slice granted
     beside the computing engine (None if the sender had the core to itself then, or never ran)."""
     before = [(t, run_ms) for t, run_ms in bursts if t < first_ms]
@@ -335,8 +336,6 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 def load_gap_cv(path: Path) -> float:
     """The coefficient of variation of the gaps between a busy sender's slices in a `pdlab bench transfer`
     result, pooled over its hand-driven trials (what the simulator's `sender_wake_cv` holds)."""
-    import json
-
     data = json.loads(Path(path).read_text())
     if not isinstance(data, dict) or data.get("benchmark") != "transfer" or "trials" not in data:
         raise ValueError(f"{path}: not a `pdlab bench transfer` result")

@@ -315,7 +315,7 @@ def simulated_transfer_s(*sims: Simulation) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-#: Simulations per measured run in a validation (seeds 0, 1, ...), their requests pooled.
+#: Simulations per measured run in a validation (seeds 0, 1, ...), each percentile averaged over them.
 VALIDATION_SEEDS = 5
 
 
