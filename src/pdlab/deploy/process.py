@@ -21,6 +21,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -188,18 +189,11 @@ def pin_process_tree(pid: int, cores: list[int]) -> list[int]:
     core 1 beside the decode instance. There is no setting for it; pdlab re-pins once the instance is up."""
     wanted = set(cores)
     moved = []
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            for thread in proc.threads():
-                with contextlib.suppress(OSError):
-                    if os.sched_getaffinity(thread.id) != wanted:
-                        os.sched_setaffinity(thread.id, wanted)
-                        moved.append(thread.id)
+    for _, thread in _threads_of(_process_tree(pid)):
+        with contextlib.suppress(OSError):
+            if os.sched_getaffinity(thread.id) != wanted:
+                os.sched_setaffinity(thread.id, wanted)
+                moved.append(thread.id)
     return moved
 
 
@@ -213,44 +207,47 @@ def deprioritize_spinning_threads(pid: int, window_s: float = 0.5, busy_share: f
     scheduling delay to every decode step. As an idle-class thread it still runs whenever the core is otherwise
     free (KV transfers progress in the gaps between engine steps) but never delays the engine's own threads.
     Measured on 2 cores: nice 19 left decode steps ~70% slower, SCHED_IDLE ~10%."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    procs = _process_tree(pid)
+    if not procs:
         return []
-    before: dict[tuple[int, int], float] = {}
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            for thread in proc.threads():
-                before[(proc.pid, thread.id)] = thread.user_time + thread.system_time
+    before = {(proc_id, thread.id): thread.user_time + thread.system_time for proc_id, thread in _threads_of(procs)}
     time.sleep(window_s)
     calmed = []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            for thread in proc.threads():
-                used = thread.user_time + thread.system_time - before.get((proc.pid, thread.id), 0.0)
-                if thread.id != proc.pid and used > busy_share * window_s:
-                    with contextlib.suppress(OSError):
-                        os.sched_setscheduler(thread.id, os.SCHED_IDLE, os.sched_param(0))
-                        calmed.append(thread.id)
+    for proc_id, thread in _threads_of(procs):
+        used = thread.user_time + thread.system_time - before.get((proc_id, thread.id), 0.0)
+        if thread.id != proc_id and used > busy_share * window_s:
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(thread.id, os.SCHED_IDLE, os.sched_param(0))
+                calmed.append(thread.id)
     return calmed
 
 
 def idle_class_threads(pid: int) -> list[tuple[int, int]]:
     """(process id, thread id) of every thread of `pid` and its descendants in the idle scheduling class: on a P/D
     instance, NIXL's progress thread once `deprioritize_spinning_threads` has moved it."""
+    found = []
+    for proc_id, thread in _threads_of(_process_tree(pid)):
+        with contextlib.suppress(OSError):
+            if os.sched_getscheduler(thread.id) == os.SCHED_IDLE:
+                found.append((proc_id, thread.id))
+    return found
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    """`pid` and its descendants; empty if it is gone."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def _threads_of(procs: Iterable[psutil.Process]) -> list[tuple[int, Any]]:
+    """(process id, psutil thread) for every thread of `procs` still there."""
     found = []
     for proc in procs:
         with contextlib.suppress(psutil.Error):
-            for thread in proc.threads():
-                with contextlib.suppress(OSError):
-                    if os.sched_getscheduler(thread.id) == os.SCHED_IDLE:
-                        found.append((proc.pid, thread.id))
+            found += [(proc.pid, thread) for thread in proc.threads()]
     return found
 
 
