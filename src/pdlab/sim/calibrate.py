@@ -180,6 +180,11 @@ def _relative(measured: float, simulated: float | None) -> dict:
 #: Nelder-Mead restarts from its own result: each restart rebuilds the simplex, which gets it out of the flat spots
 #: that percentiles of a discrete simulation leave in the objective.
 _RESTARTS = 3
+#: Multiples of the searched wake-up mean tried, everything else held, before the restarts. Nelder-Mead's first
+#: simplex steps each coordinate by 5% of itself, which in log space is 2% for a mean near 0.7 s: from 400 ms the
+#: search ended at 393 ms, where the calibration runs are best matched near 700 (with the screen: 563 ms and a
+#: smaller error; `docs/simulator.md`).
+_WAKE_SCREEN = (0.5, 0.7, 1.0, 1.4, 2.0)
 
 
 def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: float, longest: int
@@ -284,7 +289,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     the simulator reproduces their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean absolute log error
     (robust: one metric the simulator cannot reproduce does not drag the others along), in log space (costs stay
     positive): every starting point (`_starts`) is screened with a short search, and the best one searched on,
-    restarted. Step-time variation is read off the runs'
+    restarted, the sender's wake-up mean first screened at a few multiples of where the search left it
+    (`_WAKE_SCREEN`). Step-time variation is read off the runs'
     quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
@@ -388,6 +394,18 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         if best is None or result.fun < best.fun:
             best = result
     assert best is not None
+    # The wake-up mean is screened once the costs are fitted (with the start's costs it would make up for their
+    # errors): the best multiple, if better, is where the restarts begin.
+    wake_screen: dict[float, float] = {}
+    if sender_gated:
+        searched, searched_error = best.x.copy(), best.fun
+        for factor in _WAKE_SCREEN:
+            x = searched.copy()
+            x[9] += np.log(factor)
+            error = searched_error if factor == 1.0 else objective(x)
+            wake_screen[float(np.exp(x[9]))] = error
+            if error < best.fun:
+                best.x, best.fun = x, error
     for _ in range(_RESTARTS):
         remaining = max_evaluations - evaluations
         if remaining < 10:
@@ -427,8 +445,12 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         **({"transfer_probe": {"sources": list(transfer_sources), "sender_wake_cv": wake_cv}}
            if sender_wake_cv is not None else {}),
         "fit": {"method": "Nelder-Mead on mean absolute log error, via the simulator, from "
-                          f"{len(starts)} starts screened, the best restarted {_RESTARTS} times",
+                          f"{len(starts)} starts screened, the best restarted {_RESTARTS} times"
+                          + (f" after a screen of the wake-up mean at {len(_WAKE_SCREEN)} multiples" if wake_screen
+                             else ""),
                 "start": start or DEFAULT_START_PROFILE, "seeds": seeds,
+                **({"wake_screen": {f"{wake * 1e3:.0f} ms": error for wake, error in wake_screen.items()}}
+                   if wake_screen else {}),
                 "evaluations": evaluations, "objective": float(best.fun)},
         "source": "pdlab sim calibrate --from-runs: " + ", ".join(str(d) for d in run_dirs)
                   + (f" --prefill-probe {probe_source}" if prefill_probe else "")
