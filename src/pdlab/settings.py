@@ -31,6 +31,8 @@ ADMIN_TOKEN_ENV = "PDLAB_ADMIN_TOKEN"
 #: values"): a 3,000-token prompt is prefilled in two chunks. The simulator uses them to replay local runs.
 VLLM_CPU_MAX_NUM_BATCHED_TOKENS = 2048
 VLLM_CPU_MAX_NUM_SEQS = 128
+#: Simulations per measured run in `pdlab sim validate` (seeds 0, 1, ...), each percentile averaged over them.
+VALIDATION_SEEDS = 5
 
 #: Seconds pdlab's servers (router, local vLLM instances) and the router's upstream pool keep an idle HTTP connection
 #: (uvicorn's and vLLM's default: 5). A replayed trace is quiet for tens of seconds between bursts; a burst sent over

@@ -304,7 +304,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     calibration runs' short probes seldom arrive beside running streams.
 
     `seeds`: each run is simulated that many times (seeds 0, 1, ...) and each percentile averaged over them
-    (`validate.seed_mean`), so that the search does not chase one random draw's step jitter and wake-ups (three
+    (`validate.replay_seeds`), so that the search does not chase one random draw's step jitter and wake-ups (three
     fits with one seed ended at objectives of 0.054-0.058 on seed 0, and 0.064-0.073 averaged over seeds 0-7).
 
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
@@ -318,8 +318,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
 
     from pdlab.environment import capture
     from pdlab.sim.costs import FEATURES, load_profile
-    from pdlab.sim.scenario import build, prepare, resolve_profile, summarize_requests
-    from pdlab.sim.validate import compare, measured_transfer_s, replay_of, seed_mean, simulated_transfer_s
+    from pdlab.sim.scenario import prepare, resolve_profile
+    from pdlab.sim.validate import compare, measured_transfer_s, replay_of, replay_seeds, simulated_transfer_s
 
     start_path = resolve_profile(Path(start or DEFAULT_START_PROFILE))
     start_cost, start_profile = load_profile(start_path)
@@ -361,10 +361,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         out = []
         for replay, ready, measured_s in zip(replays, prepared, transfers, strict=True):
             trial = replace(ready, cost=cost, overheads=overheads, link=fitted_link)
-            sims = [build(trial, seed) for seed in range(seeds)]
-            for sim in sims:
-                sim.run(replay.arrivals)
-            simulated = seed_mean([summarize_requests(replay.spec, sim.requests) for sim in sims])
+            simulated, sims = replay_seeds([replay], [trial], seeds)
             out += list(compare(replay.measured, simulated).values())
             if measured_s:
                 out.append(_relative(measured_s, simulated_transfer_s(*sims)))

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from pdlab.sim.validate import VALIDATION_SEEDS
+from pdlab.settings import VALIDATION_SEEDS
 
 app = typer.Typer(help="Simulate P/D serving at cluster scale.", no_args_is_help=True)
 console = Console()

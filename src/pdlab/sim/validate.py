@@ -25,9 +25,14 @@ import numpy as np
 from pdlab.config.sim import SimSpec
 from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
-from pdlab.settings import DEFAULT_ROUTING_THRESHOLD, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
+from pdlab.settings import (
+    DEFAULT_ROUTING_THRESHOLD,
+    VALIDATION_SEEDS,
+    VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
+    VLLM_CPU_MAX_NUM_SEQS,
+)
 from pdlab.sim.engine import Simulation
-from pdlab.sim.scenario import build, prepare, summarize_requests
+from pdlab.sim.scenario import Prepared, build, prepare, summarize_requests
 from pdlab.sim.workload import Arrival
 
 COLUMNS = {
@@ -315,8 +320,19 @@ def simulated_transfer_s(*sims: Simulation) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-#: Simulations per measured run in a validation (seeds 0, 1, ...), each percentile averaged over them.
-VALIDATION_SEEDS = 5
+def replay_seeds(replays: Sequence[Replay], prepared: Sequence[Prepared], seeds: int
+                 ) -> tuple[dict, list[Simulation]]:
+    """Replay `replays` (a run and the runs pooled with it, each with its `prepared` simulation) once per seed
+    (0, 1, ...), the requests of one seed's replays pooled; each percentile averaged over the seeds (`seed_mean`).
+    Also every simulation, for what else is read off them (KV transfer times)."""
+    simulations, summaries = [], []
+    for seed in range(seeds):
+        draw = [build(ready, seed) for ready in prepared]
+        for sim, replay in zip(draw, replays, strict=True):
+            sim.run(replay.arrivals)
+        summaries.append(summarize_requests(replays[0].spec, [r for sim in draw for r in sim.requests]))
+        simulations += draw
+    return seed_mean(summaries), simulations
 
 
 def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None,
@@ -335,15 +351,7 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     one draw as much as one run is: with the shipped profile, changing only the wake-ups' random stream moved the
     largest error from 25% to 18%."""
     replays = [replay_of(Path(d), profile, model=model, shape=shape) for d in (run_dir, *pooled)]
-    prepared = [prepare(replay.spec) for replay in replays]
-    simulations, summaries = [], []
-    for seed in range(seeds):
-        draw = [build(ready, seed) for ready in prepared]
-        for sim, replay in zip(draw, replays, strict=True):
-            sim.run(replay.arrivals)
-        summaries.append(summarize_requests(replays[0].spec, [r for sim in draw for r in sim.requests]))
-        simulations += draw
-    simulated = seed_mean(summaries)
+    simulated, simulations = replay_seeds(replays, [prepare(replay.spec) for replay in replays], seeds)
     rows = [row for replay in replays for row in replay.rows]
     errors = compare(measured_metrics(rows), simulated)
     intervals = sampling_intervals(rows)
