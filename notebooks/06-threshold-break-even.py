@@ -99,14 +99,22 @@ sweep_figure(table, x="prompt_tokens", y="long_ttft_p99_ms", color="path",
 #
 # ## Check: does your measurement show the effect?
 
+# %% [markdown]
+# The check compares the longest gap a short stream saw, not the p99. A stall is one long gap among many short
+# ones: a 30-second load sends only a few long prompts, and when their stalled gaps are fewer than 1% of all the
+# short streams' gaps the p99 does not reach them (the figure above can then show the curves together). The worst
+# gap shows every stall that met a running stream.
+
 # %%
 by = table.set_index(["path", "prompt_tokens"])
-gain = {n: by.loc[("direct", n), "short_itl_p99_ms"] / by.loc[("disaggregated", n), "short_itl_p99_ms"]
+gain = {n: by.loc[("direct", n), "short_itl_max_ms"] / by.loc[("disaggregated", n), "short_itl_max_ms"]
         for n in LENGTHS}
 shortest, longest = LENGTHS[0], LENGTHS[-1]
 course.check(
     gain[longest] > 2,
-    f"at {longest} tokens disaggregation cuts the short streams' p99 ITL {gain[longest]:.1f}x (want > 2x)",
+    f"at {longest} tokens disaggregation shortens the short streams' longest gap {gain[longest]:.1f}x "
+    f"({by.loc[('direct', longest), 'short_itl_max_ms']:,.0f} -> "
+    f"{by.loc[('disaggregated', longest), 'short_itl_max_ms']:,.0f} ms; want > 2x)",
     "raise DURATION_S or LONG_FRACTION so long prompts meet running streams; re-run on a quieter machine",
 )
 course.check(

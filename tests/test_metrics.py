@@ -144,5 +144,6 @@ def test_sweep_table_lines_per_scenario_and_rate():
     assert list(zip(table["scenario"], table["rate"], strict=True)) == [("a", 1.0), ("b", 2.0)]
     assert table["attainment"].tolist() == pytest.approx([0.6, 0.6])
     assert table["short_itl_p99_ms"].tolist() == pytest.approx([960.0, 960.0])
+    assert table["short_itl_max_ms"].tolist() == pytest.approx([1000.0, 1000.0])
     assert table["long_ttft_p99_ms"].tolist() == pytest.approx([1000.0, 1000.0])
     assert table["stalls"].tolist() == [1, 1]

@@ -54,6 +54,7 @@ def sweep_table(runs: Mapping[tuple[str, float], pd.DataFrame], ttft_slo_s: floa
         lines.append({
             "scenario": scenario, "rate": rate, "attainment": slo_attainment(rows, ttft_slo_s, tpot_slo_s),
             "short_itl_p50_ms": short_itl["p50"], "short_itl_p99_ms": short_itl["p99"],
+            "short_itl_max_ms": short_itl["max"],
             "short_ttft_p99_ms": percentiles(timed.loc[timed["cls"] == "short", "ttft_s"], 1000)["p99"],
             "long_ttft_p99_ms": percentiles(timed.loc[timed["cls"] == "long", "ttft_s"], 1000)["p99"],
             "stalls": int(gaps(rows, stall_k)["stall"].sum()), "sent": int(len(rows)),
