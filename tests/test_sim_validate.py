@@ -209,7 +209,7 @@ def write_run_with_overheads(run_dir: Path, profile: Path, pools: dict, requests
 
 
 def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load(tmp_path: Path) -> None:
-    from pdlab.sim.calibrate import fit_to_runs
+    from pdlab.sim.calibrate import fit_to_runs, probe_ttft
 
     truth = write_profile(tmp_path / "truth.json", TRUTH)
     profile = json.loads(truth.read_text())
@@ -226,9 +226,15 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
     runs = [write_run_with_overheads(tmp_path / "calib-colocated", truth, {"colocated": 1}, calibration_requests()),
             write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
                                      calibration_requests())]
-    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=8000, sender_wake_cv=0.68, seeds=2)
+    # As `pdlab sim calibrate --prefill-probe` adds `pdlab bench prefill`'s single-request TTFTs: the runs alone do not
+    # pin how the attention price splits between pairs of chunks that start a prompt and cached ones (their errors
+    # stay under 5% with the fresh pairs at 0.5-1.8 times the truth, wherever the search's path leads it).
+    overheads = ServingOverheads.from_json(profile["overheads"])
+    probe = [(tokens, probe_ttft(TRUTH, overheads, tokens)) for tokens in (16, 256, 1024, 2048, 4096, 10000)]
+    fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=8000, sender_wake_cv=0.68, seeds=2, prefill_probe=probe)
     assert fitted["fit_error_pct"]["max"] < 5, fitted["fit_error_pct"]
-    # The 10,000-token prompt's second chunk reads cached context: fresh and cached pairs are priced apart.
+    assert fitted["prefill_probe"]["error_pct"]["max"] < 5, fitted["prefill_probe"]
+    # The 10,000-token prompt's later chunks read cached context: fresh and cached pairs are priced apart.
     _, _, per_pair, _, _, fresh_premium = fitted["coefficients"]
     assert per_pair == pytest.approx(TRUTH.coefficients[2], rel=0.25)
     assert fresh_premium == pytest.approx(TRUTH.coefficients[5], rel=0.25)
