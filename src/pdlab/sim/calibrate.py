@@ -119,15 +119,13 @@ def quiet_gaps(rows: list, bucket_tokens: int = 64) -> list[tuple[int, int, floa
     return gaps
 
 
-def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20,
-                tail: float = 0.0) -> tuple[float, ...]:
+def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20) -> tuple[float, ...]:
     """How much steps stray from their typical time, in seconds: each run's quiet inter-token gaps minus the median
     gap of their (batch, context) group, as quantiles at `points` evenly spaced probabilities, averaged over the
-    runs (so one unusual run does not dominate). The outer `tail` of each run can be clipped; by default nothing
-    is: the rare long pauses (the machine's other work, a garbage collection) are part of what sets a real p99.
-    Clipping the outer 1%, as pdlab did before, made the shipped profile's top quantile +7.2 ms where the runs'
-    reach +14.4, and scored worse on its own calibration runs (eight-seed objective 0.0602, unclipped 0.0570;
-    docs/simulator.md)."""
+    runs (so one unusual run does not dominate). Unclipped: the rare long pauses (the machine's other work, a
+    garbage collection) are part of what sets a real p99. Clipping each run's outer 1%, as pdlab did before, made
+    the shipped profile's top quantile +7.2 ms where the runs reach +14.4, and scored worse on its own calibration
+    runs (eight-seed objective 0.0602, unclipped 0.0570; docs/simulator.md)."""
     import numpy as np
 
     per_run = []
@@ -137,8 +135,7 @@ def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20,
             groups.setdefault((batch, context), []).append(gap)
         offsets = [g - float(np.median(gaps)) for gaps in groups.values() if len(gaps) >= min_group for g in gaps]
         if offsets:
-            low, high = np.quantile(offsets, [tail, 1 - tail])
-            per_run.append(np.quantile(np.clip(offsets, low, high), np.linspace(0.0, 1.0, points)))
+            per_run.append(np.quantile(offsets, np.linspace(0.0, 1.0, points)))
     if not per_run:
         return ()
     return tuple(float(q) for q in np.mean(per_run, axis=0))
