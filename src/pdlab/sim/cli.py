@@ -288,6 +288,58 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         console.print(f"recorded: {copy}")
 
 
+@app.command("sitting")
+def sitting_cmd(out: Path = typer.Option(None, help="A new directory for everything the sitting records (default: "
+                                          "runs/sim-sitting/<timestamp>/)."),
+                calibration_runs: int = typer.Option(2, min=1, help="Runs of labs/sim-calibration.yaml (fitted on)."),
+                validation_runs: int = typer.Option(3, min=1, help="Runs of each validation lab (hol-blocking, "
+                                                    "threshold-sweep): the first validated, the middle pooled with "
+                                                    "it, the last (from three on) the repeat beside it."),
+                quick: bool = typer.Option(False, help="The labs' short loads: a trial of the whole procedure, "
+                                           "too few requests for a profile worth keeping."),
+                evaluations: int = typer.Option(3000, min=50, help="Simulations the fit may run."),
+                seeds: int = typer.Option(3, min=1, help="Simulations of each run per fit evaluation."),
+                start: str = typer.Option("pdlab-small-fitted", help="Profile the fit starts from."),
+                dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands and stop.")) -> None:
+    """Calibrate the simulator to this machine: record calibration runs, probes and validation runs in one
+    sitting (about 1.5 hours on 2 cores with the defaults), then fit a profile and validate it."""
+    from pdlab.experiment.cli import _labs_dir
+    from pdlab.sim.sitting import SittingError, default_out, plan
+    from pdlab.sim.sitting import run as run_sitting
+
+    out = out or default_out()
+    try:
+        steps = plan(out, labs_dir=_labs_dir(), calibration_runs=calibration_runs, validation_runs=validation_runs,
+                     quick=quick, evaluations=evaluations, seeds=seeds, start=start)
+    except SittingError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    if dry_run:
+        for number, step in enumerate(steps, 1):
+            shown = step.describe or " ".join(str(a) for a in step.command()[3:])
+            console.print(f"{number:2d}. {step.name}: " + (shown if step.describe else f"pdlab {shown}"),
+                          soft_wrap=True)
+        return
+    try:
+        manifest = run_sitting(steps, out, console=console)
+    except SittingError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted:[/yellow] what was recorded is in {out} (sitting.json says which "
+                      "steps ran)")
+        raise typer.Exit(code=130) from None
+    if speed := manifest.get("speed"):
+        drift = speed["speed_drift_pct"]
+        colour = "yellow" if drift > 10 else "green"
+        console.print(f"[{colour}]the machine's prefill speed moved {drift:.0f}% from the sitting's start to its "
+                      f"end[/{colour}]" + (": its runs are less comparable than one steady sitting's" if drift > 10
+                                           else ""))
+    console.print(f"profile: {manifest['profile']}\nvalidation: {manifest['validation']}/validation.json\n"
+                  f"use it: pdlab sim validate ... --profile {manifest['profile']}, or a sim spec's "
+                  "`profile:`")
+
+
 @app.command("steps")
 def steps_cmd(runs: list[Path] = typer.Argument(..., help="Measured run directories whose tokens one instance "
                                                 "streamed (a 1P1D run, or one colocated instance)."),
