@@ -54,7 +54,9 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # compares p50 and p99 TTFT and ITL per class. Each point below is one metric of one scenario, measured over two
 # runs of the same load pooled together; the bars span the measured value's 95% sampling interval (a run has a few
 # dozen requests, so its percentiles are estimates); the green band is +-10%. This is the recorded validation;
-# `docs/simulator.md` has the command to validate your own runs, and says which points miss and why.
+# `docs/simulator.md` says which points miss and why. To fit and validate the simulator on *your* machine, run
+# `pdlab sim sitting` in a terminal (about 1.5 hours on 2 cores; `--quick` tries the procedure in about 20 minutes)
+# and pass its `profile.json` to `pdlab sim validate` or a sim spec.
 
 # %%
 from pdlab.report import validation_figure
