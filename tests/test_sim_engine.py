@@ -235,6 +235,30 @@ def test_step_jitter_draws_from_the_quantiles_and_adds_to_every_step_alike() -> 
     assert abs(token_times(long)[0] - prefill) <= 0.002 + 1e-9
 
 
+def test_a_p_d_deployment_draws_its_steps_variation_from_its_own_quantiles() -> None:
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    # Constant offsets, so every step shows which table it drew from: none for a colocated instance, +4 ms on a
+    # P/D pair (a short prompt under the threshold streams from the decode instance alone).
+    overheads = ServingOverheads(step_jitter_s=(0.0, 0.0), step_jitter_pd_s=(0.004, 0.004))
+    colocated = Simulation(router=RouterSettings(threshold=100), colocated=[instance("c", "colocated")],
+                           overheads=overheads)
+    pair = Simulation(router=RouterSettings(threshold=100), prefill=[instance("p", "prefill", link=Link(transfer))],
+                      decode=[instance("d", "decode")], overheads=overheads)
+    for sim, offset in ((colocated, 0.0), (pair, 0.004)):
+        [request] = sim.run([Arrival(0.0, 10, 20, "short")])
+        times = token_times(request)
+        assert times[0] == pytest.approx(first_chunk(10) + offset)
+        assert times[2] - times[1] == pytest.approx(COST.step_time(0, 0, 1, 12) + offset)
+    # Without a P/D table, a P/D pair draws from the one table, as profiles fitted before it do.
+    pair = Simulation(router=RouterSettings(threshold=100), prefill=[instance("p", "prefill", link=Link(transfer))],
+                      decode=[instance("d", "decode")], overheads=ServingOverheads(step_jitter_s=(0.002, 0.002)))
+    [request] = pair.run([Arrival(0.0, 10, 20, "short")])
+    assert token_times(request)[0] == pytest.approx(first_chunk(10) + 0.002)
+    again = ServingOverheads.from_json(overheads.to_json())
+    assert again.step_jitter_pd_s == pytest.approx((0.004, 0.004)) and again.step_jitter_s == pytest.approx((0, 0))
+
+
 def test_a_profile_with_step_variation_as_a_factor_is_refused_with_what_to_do() -> None:
     with pytest.raises(ValueError, match="re-fit it with `pdlab sim calibrate --from-runs"):
         ServingOverheads.from_json({"request_ms": 3.0, "step_quantiles": [0.5, 1.0, 1.5]})

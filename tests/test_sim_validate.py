@@ -242,6 +242,7 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
     assert 0 < fitted["overheads"]["request_ms"] < 30
     # Synthetic steps vary only as their context grows within a (batch, context) group: by well under a ms.
     assert fitted["overheads"]["step_jitter_ms"] == pytest.approx([0.0] * 101, abs=0.5)
+    assert fitted["overheads"]["step_jitter_pd_ms"] == pytest.approx([0.0] * 101, abs=0.5)  # read from the 1P1D run
     assert fitted["overheads"]["sender_wake_ms"] == pytest.approx(500.0, rel=0.15)
     out = tmp_path / "fitted.json"
     out.write_text(json.dumps(fitted))

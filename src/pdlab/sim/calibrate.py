@@ -289,8 +289,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     (robust: one metric the simulator cannot reproduce does not drag the others along), in log space (costs stay
     positive): every starting point (`_starts`) is screened with a short search, and the best one searched on,
     restarted, the sender's wake-up mean first screened at a few multiples of where the search left it
-    (`_WAKE_SCREEN`). Step-time variation is read off the runs'
-    quiet inter-token gaps first (`step_jitter`) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
+    (`_WAKE_SCREEN`). Step-time variation is read off the runs' quiet inter-token gaps first (`step_jitter`; for
+    colocated and P/D runs apart when both are given) and held. `prefill_probe` ((prompt tokens, seconds) pairs from
     `pdlab bench prefill`) adds each single request's time to first token to the errors: loaded runs show the
     prefill cost mostly through queueing, where a few percent of cost moves a wait by tens of percent.
     With `sender_gated` (as on pdlab's CPU tier) a KV read posted while the prefill instance computes waits for
@@ -324,7 +324,11 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     start_cost, start_profile = load_profile(start_path)
     start_overheads = ServingOverheads.from_json(start_profile.get("overheads"))
     replays = [replay_of(Path(d), start_path, model=model) for d in run_dirs]
-    jitter = step_jitter([r.rows for r in replays])
+    # Read apart for the two kinds of deployment when the runs have both: a P/D pair's steps stray further.
+    paired = [r.rows for r in replays if r.shape.prefill]
+    alone = [r.rows for r in replays if not r.shape.prefill]
+    jitter = step_jitter(alone if paired and alone else [r.rows for r in replays])
+    jitter_pd = step_jitter(paired) if paired and alone else ()
     prepared = [prepare(r.spec) for r in replays]
     link = prepared[0].link
     # The catalog's figure (an idle loopback), not kv.json's: measured throughput includes the waits for the
@@ -341,13 +345,14 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
 
     admission_s = {role: ms / 1e3 for role, ms in (admission_ms or {}).items()}
     per_stream_s, per_stream_found = per_stream_overhead_s(
-        start_cost, replace(start_overheads, step_jitter_s=jitter, admission_s=admission_s), streams_probe) \
+        start_cost, replace(start_overheads, step_jitter_s=jitter, step_jitter_pd_s=jitter_pd,
+                            admission_s=admission_s), streams_probe) \
         if streams_probe else (0.0, [])
 
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
         return FittedCost(tuple(float(v) for v in values[:6])), ServingOverheads(
-            request_s=float(values[6]), handoff_s=float(values[7]), step_jitter_s=jitter,
+            request_s=float(values[6]), handoff_s=float(values[7]), step_jitter_s=jitter, step_jitter_pd_s=jitter_pd,
             transfer_waits_for_sender=sender_gated, sender_wake_s=float(values[9]) if sender_gated else 0.0,
             sender_wake_cv=wake_cv, admission_s=admission_s,
             request_per_stream_s=per_stream_s), float(values[8])

@@ -182,6 +182,11 @@ class ServingOverheads:
       collector add or take a few milliseconds around a step, which is what sets the p99 of inter-token latency.
       Additive, not a factor: a 1-second prefill step is not stretched by half because 10 ms decode steps vary by
       half. Empty: no variation;
+    - `step_jitter_pd_s`: the same for the instances of a deployment with prefill and decode pools, read apart
+      from P/D runs; empty: they use `step_jitter_s`. On the local tier their steps stray further: the decode
+      instance's steps at batch 1 reach a p99 of 21-24 ms while the prefill instance computes against 14-15 ms
+      while it idles (hol-blocking runs), and the P/D calibration runs' quiet gaps reach +8.9 ms at their 99th
+      percentile where the colocated runs' reach +6.4;
     - `transfer_waits_for_sender`: a KV read depends on the prefill instance it reads from: beside an idle one it
       runs at the link's speed at once; posted while it computes, it completes only when the sender's side of the
       transfer gets to run (`sender_wake_s`), then its bytes move at the link's speed. On a CPU server the sending
@@ -222,26 +227,31 @@ class ServingOverheads:
     request_s: float = 0.0
     handoff_s: float = 0.0
     step_jitter_s: tuple[float, ...] = ()
+    step_jitter_pd_s: tuple[float, ...] = ()
     transfer_waits_for_sender: bool = False
     sender_wake_s: float = 0.0
     sender_wake_cv: float = 1.0
     admission_s: dict[str, float] = field(default_factory=dict)
     request_per_stream_s: float = 0.0
 
-    def step_jitters(self, seed: int = 0, block: int = 4096):  # type: ignore[no-untyped-def]
-        """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none)."""
-        if not self.step_jitter_s:
+    def step_jitters(self, seed: int = 0, block: int = 4096, pd: bool = False):  # type: ignore[no-untyped-def]
+        """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none); with
+        `pd`, from `step_jitter_pd_s` when the profile has it. The same seed draws the same probabilities either way
+        (an engine serves one kind of deployment), so equal quantiles give equal offsets."""
+        quantiles = self.step_jitter_pd_s if pd and self.step_jitter_pd_s else self.step_jitter_s
+        if not quantiles:
             while True:
                 yield 0.0
         rng = np.random.default_rng(seed)
-        probs = np.linspace(0.0, 1.0, len(self.step_jitter_s))
+        probs = np.linspace(0.0, 1.0, len(quantiles))
         while True:
-            yield from np.interp(rng.random(block), probs, self.step_jitter_s).tolist()
+            yield from np.interp(rng.random(block), probs, quantiles).tolist()
 
     def to_json(self) -> dict:
         return {"request_ms": self.request_s * 1e3, "request_per_stream_ms": self.request_per_stream_s * 1e3,
                 "handoff_ms": self.handoff_s * 1e3,
                 "step_jitter_ms": [q * 1e3 for q in self.step_jitter_s],
+                "step_jitter_pd_ms": [q * 1e3 for q in self.step_jitter_pd_s],
                 "transfer_waits_for_sender": self.transfer_waits_for_sender,
                 "sender_wake_ms": self.sender_wake_s * 1e3,
                 "sender_wake_cv": self.sender_wake_cv,
@@ -261,6 +271,7 @@ class ServingOverheads:
                    request_per_stream_s=float(data.get("request_per_stream_ms", 0.0)) / 1e3,
                    handoff_s=float(data.get("handoff_ms", 0.0)) / 1e3,
                    step_jitter_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_ms", ())),
+                   step_jitter_pd_s=tuple(float(q) / 1e3 for q in data.get("step_jitter_pd_ms", ())),
                    transfer_waits_for_sender=bool(data.get("transfer_waits_for_sender", False)),
                    sender_wake_s=float(data.get("sender_wake_ms", 0.0)) / 1e3,
                    sender_wake_cv=float(data.get("sender_wake_cv", 1.0)),
