@@ -17,8 +17,8 @@ that starts and stops its own deployment:
 
 Everything lands in one new directory (`runs/sim-sitting/<timestamp>/` by default): `runs/`, `probes/`,
 `profile.json`, `validation/`, and `sitting.json`, the manifest, rewritten after every step with each command,
-its exit status and time. A step that fails, or Ctrl-C, ends the sitting there; the manifest keeps what was done
-and says `complete: false`. An existing directory is never written into.
+its exit status and time. A step that fails, Ctrl-C or SIGTERM ends the sitting there; the manifest keeps what was
+done and says `complete: false`. An existing directory is never written into.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,6 @@ class Step:
     argv: list[str] | Callable[[], list[str]]
     output: Path
     describe: str = ""
-    done: dict[str, Any] = field(default_factory=dict)
 
     def command(self) -> list[str]:
         return self.argv() if callable(self.argv) else list(self.argv)
