@@ -316,9 +316,7 @@ def sitting_cmd(out: Path = typer.Option(None, help="A new directory for everyth
         raise typer.Exit(code=2) from None
     if dry_run:
         for number, step in enumerate(steps, 1):
-            shown = step.describe or " ".join(str(a) for a in step.command()[3:])
-            console.print(f"{number:2d}. {step.name}: " + (shown if step.describe else f"pdlab {shown}"),
-                          soft_wrap=True)
+            console.print(f"{number:2d}. {step.name}: {step.shown()}", soft_wrap=True)
         return
     try:
         manifest = run_sitting(steps, out, console=console)

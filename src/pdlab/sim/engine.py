@@ -137,9 +137,7 @@ class Simulation:
                  overheads: ServingOverheads | None = None, seed: int = 0):
         self.router = router
         self.overheads = overheads or ServingOverheads()
-        self._step_jitters = self.overheads.step_jitters(seed)
-        self._pd_step_jitters = self.overheads.step_jitters(seed, pd=True) if self.overheads.step_jitter_pd_s \
-            else self._step_jitters
+        self._step_jitters = self.overheads.step_jitters(seed, pd=bool(prefill))  # a P/D pair strays further
         self._wake_rng = np.random.default_rng((seed, 1))
         self.prefill_pool = list(prefill)
         self.decode_pool = list(colocated) or list(decode)
@@ -182,7 +180,6 @@ class Simulation:
         """An instance's scheduler loop: plan a step, spend its duration, apply it; sleep when there is no work."""
         env = self.env
         admission = self.overheads.admission_s.get(inst.role, 0.0)
-        jitters = self._pd_step_jitters if self.prefill_pool else self._step_jitters  # a P/D pair strays further
         rested = True
         while True:
             step = self._plan_step(inst)
@@ -198,7 +195,7 @@ class Simulation:
             if rested:
                 inst.busy_since, rested = env.now, False
             inst.busy = True
-            yield env.timeout(max(duration + next(jitters), 0.0))
+            yield env.timeout(max(duration + next(self._step_jitters), 0.0))
             inst.busy = False
             if inst.step_done is not None:
                 inst.step_done.succeed()

@@ -50,6 +50,8 @@ SPEED_LENGTHS = (64, 1024, 3000)
 TRANSFER_CONDITIONS = "prefill-busy-alone,prefill-busy-together"
 #: How long a child gets to stop its deployment after Ctrl-C before it is sent SIGTERM.
 STOP_GRACE_S = 60.0
+#: Names of the steps `run` reads the manifest's speed drift, profile and validation from.
+PREFILL_PROBE, SPEED_CHECK, FIT, VALIDATION = "prefill probe", "speed check", "fit", "validation"
 
 
 class SittingError(RuntimeError):
@@ -69,6 +71,12 @@ class Step:
 
     def command(self) -> list[str]:
         return self.argv() if callable(self.argv) else list(self.argv)
+
+    def shown(self) -> str:
+        """The command as a learner would type it (`describe` for one built only when it runs)."""
+        if self.describe:
+            return self.describe
+        return " ".join(["pdlab", *self.command()[len(pdlab_command()):]])
 
 
 def pdlab_command(*args: str | Path) -> list[str]:
@@ -99,7 +107,7 @@ def plan(out: Path, *, labs_dir: Path, calibration_runs: int = 2, validation_run
     # repeats: the speed check compares their fastest times, and one sample each moved it by a third.
     few = ["--repeats", "1"] if quick else []
     prefill, speed = probes / "prefill.json", probes / "speed-check.json"
-    steps = [Step("prefill probe", pdlab_command("bench", "prefill", labs_dir / COLOCATED_LAB, "--out", prefill),
+    steps = [Step(PREFILL_PROBE, pdlab_command("bench", "prefill", labs_dir / COLOCATED_LAB, "--out", prefill),
                   prefill)]
     lab_runs: dict[str, list[Path]] = {}
     for i in range(1, max(calibration_runs, validation_runs) + 1):
@@ -121,7 +129,7 @@ def plan(out: Path, *, labs_dir: Path, calibration_runs: int = 2, validation_run
         Step("streams probe", pdlab_command("bench", "streams", labs_dir / PD_LAB, *few, "--out", streams), streams),
         Step("transfer probe", pdlab_command("bench", "transfer", labs_dir / PD_ROUTER_LAB, "--conditions",
                                              TRANSFER_CONDITIONS, *few, "--out", transfer), transfer),
-        Step("speed check", pdlab_command("bench", "prefill", labs_dir / COLOCATED_LAB, "--lengths",
+        Step(SPEED_CHECK, pdlab_command("bench", "prefill", labs_dir / COLOCATED_LAB, "--lengths",
                                           ",".join(map(str, SPEED_LENGTHS)), "--out", speed), speed),
     ]
     profile, validation = out / "profile.json", out / "validation"
@@ -147,12 +155,12 @@ def plan(out: Path, *, labs_dir: Path, calibration_runs: int = 2, validation_run
                              "--out", validation, "--no-results-copy")
 
     steps += [
-        Step("fit", fit_argv, profile,
+        Step(FIT, fit_argv, profile,
              describe=f"pdlab sim calibrate --from-runs {' '.join(f'{d}/*/' for d in calibration)} "
                       f"--prefill-probe {prefill} --admission-probe ... --streams-probe {streams} "
                       f"--transfer-probe {transfer} --start {start} --seeds {seeds} --evaluations {evaluations} "
                       f"--out {profile}"),
-        Step("validation", validate_argv, validation,
+        Step(VALIDATION, validate_argv, validation,
              describe="pdlab sim validate " + " ".join(f"{lab_runs[lab][0]}/*/" for lab in VALIDATION_LABS)
                       + " --pool (the middle runs) --repeat (the last, with three or more)"
                       + f" --profile {profile} --out {validation}"),
@@ -213,6 +221,7 @@ def run(steps: Sequence[Step], out: Path, *, console: Console | None = None,
     manifest: dict[str, Any] = {"sitting": str(out), "started": datetime.now().isoformat(timespec="seconds"),
                                 "complete": False, "steps": [], "environment": capture()}
     path = out / "sitting.json"
+    outputs = {step.name: step.output for step in steps}
 
     def save() -> None:
         path.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
@@ -241,16 +250,14 @@ def run(steps: Sequence[Step], out: Path, *, console: Console | None = None,
         save()
         raise
     finally:
-        probes = {s.name: s.output for s in steps}
-        if "prefill probe" in probes and "speed check" in probes:
-            drift = _speed_drift(probes["prefill probe"], probes["speed check"])
-            if drift:
-                manifest["speed"] = drift
+        if PREFILL_PROBE in outputs and SPEED_CHECK in outputs and \
+                (drift := _speed_drift(outputs[PREFILL_PROBE], outputs[SPEED_CHECK])):
+            manifest["speed"] = drift
         manifest["finished"] = datetime.now().isoformat(timespec="seconds")
         save()
     manifest["complete"] = True
-    manifest["profile"] = str(out / "profile.json")
-    manifest["validation"] = str(out / "validation")
+    manifest.update({key: str(outputs[name]) for key, name in (("profile", FIT), ("validation", VALIDATION))
+                     if name in outputs})
     save()
     return manifest
 
