@@ -1,16 +1,24 @@
 """GPU phase costs: measure, with torch on one GPU, prefill time vs prompt tokens and decode step time vs
 batch x context for Llama-shaped layers (random bf16 weights), and fit a simulator cost profile from them.
 
-NOT RUN YET: it needs a CUDA GPU, and pdlab's development machine has none. Until someone runs it, the simulator
-prices GPU steps with the roofline model (pdlab.sim.costs.RooflineCost) and the catalog's assumed efficiencies.
+NOT RUN YET ON A GPU: pdlab's development machine has none. Until someone runs it, the simulator prices GPU steps
+with the roofline model (pdlab.sim.costs.RooflineCost) and the catalog's assumed efficiencies. Its CPU mode
+(`--device cpu --quick`, a few seconds with pdlab-small) runs the same code path in the test suite, so the script
+itself is known to work; only the figures a GPU gives are missing.
 
     python benchmarks/gpu_phase_costs.py --model Llama-3.1-8B     # about 3-6 minutes on an H100/H200
     python benchmarks/gpu_phase_costs.py --model Llama-3.1-70B --tensor-parallel 2
+    python benchmarks/gpu_phase_costs.py --model pdlab-small --device cpu --quick --out /tmp/check.json
+
+Besides torch it needs pdlab's light dependencies only: pydantic, pyyaml, numpy and psutil (`PYTHONPATH=src` from a
+checkout is enough). On a GPU box without internet, bring pydantic as wheels (`pip download pydantic` elsewhere,
+for the box's Python version) and install them with `pip install --no-index`.
 
 It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
-shard would be), times them with CUDA events, scales the per-layer time to the model's depth and adds a measured
-LM-head matmul. No all-reduce is measured (one GPU). The output, data/results/gpu/<model>-<gpu>.json, holds the
-raw points, a fitted profile in pdlab's format (usable as `profile:` in a sim spec) and the environment.
+shard would be), times them with CUDA events (the wall clock on a CPU), scales the per-layer time to the model's
+depth and adds a measured LM-head matmul. No all-reduce is measured (one GPU). The output,
+data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's format (usable as
+`profile:` in a sim spec) and the environment.
 """
 
 from __future__ import annotations
@@ -18,20 +26,35 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from pdlab.environment import capture
 from pdlab.settings import data_dir
 from pdlab.sim.catalog import ModelShape, load_catalog
 from pdlab.sim.costs import CalibrationPoint, fit_profile
 
-PREFILL_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
-CHUNKS = ((2048, 4096), (2048, 12288))
-DECODE_BATCHES = (1, 8, 32, 128)
-DECODE_CONTEXTS = (512, 2048, 8192)
+
+@dataclass(frozen=True)
+class Grid:
+    """The points measured: whole-prompt prefills, prefill chunks after a cached prefix, decode batch x context."""
+
+    prefill_tokens: tuple[int, ...]
+    chunks: tuple[tuple[int, int], ...]
+    """(chunk tokens, tokens already cached)."""
+    decode_batches: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+
+
+FULL = Grid((256, 512, 1024, 2048, 4096, 8192, 16384), ((2048, 4096), (2048, 12288)), (1, 8, 32, 128),
+            (512, 2048, 8192))
+#: A few seconds on a CPU with pdlab-small: checks the code path, not a profile to keep.
+QUICK = Grid((32, 64, 128, 256), ((64, 128),), (1, 4), (64, 256))
 
 
 class Layer(torch.nn.Module):
@@ -53,22 +76,37 @@ class Layer(torch.nn.Module):
         k_cache[:, :, past:past + n] = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v_cache[:, :, past:past + n] = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         keys, values = k_cache[:, :, :past + n], v_cache[:, :, :past + n]
-        attn = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1 and past == 0, enable_gqa=True)
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_mask(n, past),
+                                              is_causal=n > 1 and past == 0, enable_gqa=True)
         x = x + self.o(attn.transpose(1, 2).reshape(b, n, -1))
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
 
-def cuda_time(fn, repeats: int) -> float:
-    fn()  # warm-up (kernel selection)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def causal_mask(new: int, past: int) -> object | None:
+    """A chunk after `past` cached tokens: token i of the chunk sees the prefix and the chunk up to i (causal,
+    aligned bottom-right, as vLLM's chunked prefill computes it). A whole prompt uses `is_causal`; a decode token
+    sees everything."""
+    return causal_lower_right(new, past + new) if new > 1 and past > 0 else None
+
+
+def median_time(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
+    """Median seconds of `fn` after one warm-up run (kernel selection): CUDA events on a GPU, the wall clock on a
+    CPU."""
+    fn()
     samples = []
     for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            began = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - began)
     return sorted(samples)[len(samples) // 2]
 
 
@@ -79,13 +117,24 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="Layers actually built and timed.")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: check the script itself (float32), with --quick and a small model.")
+    parser.add_argument("--quick", action="store_true", help="A handful of small points instead of the full grid.")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu_phase_costs needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_phase_costs needs a CUDA GPU (torch.cuda.is_available() is False); "
+                         "`--device cpu --quick` checks the script without one")
+    catalog = load_catalog().models
+    if args.model not in catalog:
+        raise SystemExit(f"--model {args.model!r} is not in the catalog; choose one of {', '.join(catalog)}")
+    if args.tensor_parallel < 1 or args.layers < 1 or args.repeats < 1:
+        raise SystemExit("--tensor-parallel, --layers and --repeats must be at least 1")
     started = time.perf_counter()
     torch.manual_seed(0)
-    shape: ModelShape = load_catalog().models[args.model]
-    tp, dev, dtype = args.tensor_parallel, torch.device("cuda"), torch.bfloat16
+    shape: ModelShape = catalog[args.model]
+    grid = QUICK if args.quick else FULL
+    tp, dev = args.tensor_parallel, torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     layers = torch.nn.ModuleList(Layer(shape, tp) for _ in range(args.layers)).to(dev, dtype).eval()
     lm_head = torch.nn.Linear(shape.hidden_size, shape.vocab_size // tp, bias=False).to(dev, dtype)
     scale = shape.num_layers / args.layers
@@ -103,27 +152,28 @@ def main() -> None:
             lm_head(h[:, -1:])
 
         with torch.inference_mode():
-            body = cuda_time(step, args.repeats)
-            head = cuda_time(lambda: lm_head(x[:, -1:]), args.repeats)
-        return (body - head) * scale + head
+            body = median_time(step, args.repeats, dev)
+            head = median_time(lambda: lm_head(x[:, -1:]), args.repeats, dev)
+        return max(body - head, 0.0) * scale + head
 
     points: list[CalibrationPoint] = []
-    for n in PREFILL_TOKENS:
+    for n in grid.prefill_tokens:
         points.append(CalibrationPoint(n, 0, 0, 0, run(1, n, 0)))
         print(f"prefill {n}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
-    for chunk, past in CHUNKS:
+    for chunk, past in grid.chunks:
         points.append(CalibrationPoint(chunk, past, 0, 0, run(1, chunk, past)))
         print(f"chunk {chunk} after {past}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
-    for batch in DECODE_BATCHES:
-        for context in DECODE_CONTEXTS:
+    for batch in grid.decode_batches:
+        for context in grid.decode_contexts:
             points.append(CalibrationPoint(0, 0, batch, context, run(batch, 1, context)))
             print(f"decode batch {batch} context {context}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
-        torch.cuda.empty_cache()
-    gpu = torch.cuda.get_device_name().replace(" ", "-")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    gpu = torch.cuda.get_device_name().replace(" ", "-") if dev.type == "cuda" else "cpu"
     profile = fit_profile(points, model=args.model,
                           source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
-    profile.update(dtype_bytes=2, gpu=gpu, tensor_parallel=tp, elapsed_s=time.perf_counter() - started,
-                   environment=capture())
+    profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
+                   elapsed_s=time.perf_counter() - started, environment=capture())
     out = args.out or data_dir() / "results" / "gpu" / f"{args.model}-{gpu}-tp{tp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
