@@ -32,6 +32,36 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: Instruction-set features that change how fast torch's CPU kernels run (vLLM's CPU backend picks its kernels by
+#: them).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def cpu_identity() -> dict[str, Any]:
+    """Which processor this is, beyond its marketing name: virtual machines often show a generic name ("Intel(R)
+    Xeon(R) Processor") for different chips, and two such machines can differ twofold in speed. Family, model and
+    stepping, the ISA features from ISA_FLAGS it has, and its last-level cache. Empty where /proc and /sys are not
+    readable."""
+    identity: dict[str, Any] = {}
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        return identity
+    fields = {key.strip(): value.strip() for key, _, value in
+              (line.partition(":") for line in first.splitlines()) if key.strip()}
+    for key, name in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
+                      ("microcode", "microcode"), ("CPU implementer", "implementer"), ("CPU part", "part")):
+        if key in fields:
+            identity[name] = fields[key]
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    identity["isa"] = [flag for flag in ISA_FLAGS if flag in flags]
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))
+    with contextlib.suppress(OSError, ValueError):
+        last = max(caches, key=lambda index: int((index / "level").read_text()))
+        identity["last_level_cache"] = f"L{(last / 'level').read_text().strip()} {(last / 'size').read_text().strip()}"
+    return identity
+
+
 def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     versions = {}
     for name in (*PACKAGES, *extra):
@@ -80,6 +110,7 @@ def capture(include_busy: bool = True, extra_packages: tuple[str, ...] = ()) -> 
     env: dict[str, Any] = {
         "captured_at": datetime.now(timezone.utc).isoformat(),
         "cpu_model": cpu_model(),
+        "cpu": cpu_identity(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "memory_gib": round(mem.total / 2**30, 1),
