@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdlab.benchmarks.admission import DEFAULT_GAPS_MS as ADMISSION_GAPS_MS
+from pdlab.benchmarks.backtoback import CONDITIONS as BACKTOBACK_CONDITIONS
 from pdlab.benchmarks.prefill import DEFAULT_LENGTHS as PREFILL_LENGTHS
 from pdlab.benchmarks.streams import DEFAULT_STREAMS as STREAMS_COUNTS
 from pdlab.benchmarks.transfer import CONDITIONS as TRANSFER_CONDITIONS
@@ -309,6 +310,69 @@ def bench_streams(
         medians = ", ".join(f"{p['streams']}: {p['median_ttft_s'] * 1e3:.1f}" for p in instance["points"])
         console.print(f"{instance['name']} ({instance['role']}): median TTFT ms by streams {medians}; "
                       f"{instance['slope_ms_per_stream']:.2f} ms per stream")
+    console.print(f"written: {result['path']}")
+
+
+@bench_app.command("backtoback")
+def bench_backtoback(
+    lab: Path = typer.Argument(Path("labs/local-1p1d.yaml"),
+                               help="Lab spec whose P/D deployment (a prefill and a decode instance) to start."),
+    prefill_url: str = typer.Option(None, "--prefill-url", help="Probe this running prefill instance (with "
+                                    "--decode-url) instead of starting the lab's deployment."),
+    decode_url: str = typer.Option(None, "--decode-url", help="The running decode instance beside --prefill-url."),
+    prompts: int = typer.Option(4, min=2, help="Prompts in each queue."),
+    tokens: int = typer.Option(3000, min=1, help="Tokens per prompt."),
+    rounds: int = typer.Option(6, min=1, help="Rounds (each runs every condition once, in a rotated order)."),
+    conditions: str = typer.Option(",".join(BACKTOBACK_CONDITIONS), help="Conditions to run, comma-separated "
+                                   "(`alone` among them: every ratio is to it)."),
+    profile: str = typer.Option("pdlab-small-fitted", help="Profile whose simulated ratios to print beside the "
+                                "measured ones ('none': skip)."),
+    out: Path = typer.Option(None, help="Output JSON (default: data/results/backtoback/<timestamp>.json)."),
+) -> None:
+    """Time a queue of prompts on the prefill instance against the same prompts one at a time, with the decode
+    instance idle, prefilling, decoding or reading each prompt's KV: whether back-to-back prefills cost more than
+    the simulator's profile says, and whether the decode instance's work is why."""
+    from pdlab.benchmarks import backtoback
+    from pdlab.benchmarks.prefill import ProbeError
+    from pdlab.config.base import ConfigError
+    from pdlab.deploy import Deployment
+    from pdlab.deploy.launcher import DeployError
+
+    chosen = [c.strip() for c in conditions.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in backtoback.CONDITIONS]
+    if unknown or "alone" not in chosen:
+        what = f"unknown {', '.join(unknown)}" if unknown else "`alone` is missing (every ratio is to it)"
+        console.print(f"[red]error:[/red] --conditions: {what}; choose from {', '.join(backtoback.CONDITIONS)}")
+        raise typer.Exit(code=2)
+    if (prefill_url is None) != (decode_url is None):
+        console.print("[red]error:[/red] give both --prefill-url and --decode-url, or neither (to start the lab)")
+        raise typer.Exit(code=2)
+    options = {"prompts": prompts, "tokens": tokens, "rounds": rounds, "conditions": chosen,
+               "profile": None if profile.lower() == "none" else profile}
+
+    try:
+        if prefill_url:
+            result = backtoback.run(prefill_url.rstrip("/"), decode_url.rstrip("/"), out=out, **options)
+        else:
+            with Deployment(_load_deployment(lab), console=console) as dep:
+                if not dep.urls("prefill") or not dep.urls("decode"):
+                    console.print("[red]error:[/red] the back-to-back probe needs a P/D deployment (a prefill and "
+                                  "a decode instance), e.g. labs/local-1p1d.yaml")
+                    raise typer.Exit(code=2)
+                result = backtoback.run(dep.urls("prefill")[0], dep.urls("decode")[0], out=out,
+                                        deployment=dep.spec.name, **options)
+    except (ProbeError, DeployError, ConfigError, FileExistsError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    simulated = result.get("simulated", {}).get("ratio_to_alone", {})
+    for condition, figures in result["summary"].items():
+        line = f"{condition:>22}: median {figures['seconds_median']:7.2f} s"
+        if "ratio_median" in figures:
+            line += (f", {figures['ratio_median']:.3f} x alone (rounds {figures['ratio_min']:.3f}-"
+                     f"{figures['ratio_max']:.3f})")
+        if condition in simulated:
+            line += f"; simulated {simulated[condition]:.3f} x alone"
+        console.print(line, soft_wrap=True)
     console.print(f"written: {result['path']}")
 
 
