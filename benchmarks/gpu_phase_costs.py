@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from pdlab.benchmarks import results
 from pdlab.environment import capture
 from pdlab.settings import data_dir
 from pdlab.sim.catalog import ModelShape, load_catalog
@@ -129,11 +130,17 @@ def main() -> None:
         raise SystemExit(f"--model {args.model!r} is not in the catalog; choose one of {', '.join(catalog)}")
     if args.tensor_parallel < 1 or args.layers < 1 or args.repeats < 1:
         raise SystemExit("--tensor-parallel, --layers and --repeats must be at least 1")
+    tp, dev = args.tensor_parallel, torch.device(args.device)
+    gpu = torch.cuda.get_device_name().replace(" ", "-") if dev.type == "cuda" else "cpu"
+    out = args.out or data_dir() / "results" / "gpu" / f"{args.model}-{gpu}-tp{tp}.json"
+    try:
+        results.ensure_new(out)  # before minutes of measuring, not after
+    except FileExistsError as error:
+        raise SystemExit(f"{error} (choose another --out)") from None
     started = time.perf_counter()
     torch.manual_seed(0)
     shape: ModelShape = catalog[args.model]
     grid = QUICK if args.quick else FULL
-    tp, dev = args.tensor_parallel, torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     layers = torch.nn.ModuleList(Layer(shape, tp) for _ in range(args.layers)).to(dev, dtype).eval()
     lm_head = torch.nn.Linear(shape.hidden_size, shape.vocab_size // tp, bias=False).to(dev, dtype)
@@ -169,12 +176,10 @@ def main() -> None:
             print(f"decode batch {batch} context {context}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    gpu = torch.cuda.get_device_name().replace(" ", "-") if dev.type == "cuda" else "cpu"
     profile = fit_profile(points, model=args.model,
                           source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
     profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
                    elapsed_s=time.perf_counter() - started, environment=capture())
-    out = args.out or data_dir() / "results" / "gpu" / f"{args.model}-{gpu}-tp{tp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     print(f"wrote {out} in {profile['elapsed_s']:.0f} s; fit error mean {profile['fit_error_pct']['mean']:.1f}%")

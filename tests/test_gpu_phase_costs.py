@@ -45,6 +45,9 @@ def test_cpu_mode_writes_a_profile_the_simulator_runs(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["sim", "run", str(spec_path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["requests"]["completed"] == 5
+    again = run_script("--model", "pdlab-small", "--device", "cpu", "--quick", "--out", str(out))
+    assert again.returncode != 0 and "does not overwrite" in again.stderr
+    assert json.loads(out.read_text()) == profile  # the first result is untouched
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the script would measure")

@@ -337,20 +337,22 @@ def bench_backtoback(
     from pdlab.config.base import ConfigError
     from pdlab.deploy import Deployment
     from pdlab.deploy.launcher import DeployError
+    from pdlab.sim.scenario import resolve_profile
 
     chosen = [c.strip() for c in conditions.split(",") if c.strip()]
-    unknown = [c for c in chosen if c not in backtoback.CONDITIONS]
-    if unknown or "alone" not in chosen:
-        what = f"unknown {', '.join(unknown)}" if unknown else "`alone` is missing (every ratio is to it)"
-        console.print(f"[red]error:[/red] --conditions: {what}; choose from {', '.join(backtoback.CONDITIONS)}")
-        raise typer.Exit(code=2)
+    try:
+        backtoback.check_conditions(chosen)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] --conditions: {error}")
+        raise typer.Exit(code=2) from None
     if (prefill_url is None) != (decode_url is None):
         console.print("[red]error:[/red] give both --prefill-url and --decode-url, or neither (to start the lab)")
         raise typer.Exit(code=2)
-    options = {"prompts": prompts, "tokens": tokens, "rounds": rounds, "conditions": chosen,
-               "profile": None if profile.lower() == "none" else profile}
 
     try:
+        # Before any deployment starts: a wrong profile name costs nothing.
+        options = {"prompts": prompts, "tokens": tokens, "rounds": rounds, "conditions": chosen,
+                   "profile": None if profile.lower() == "none" else resolve_profile(Path(profile))}
         if prefill_url:
             result = backtoback.run(prefill_url.rstrip("/"), decode_url.rstrip("/"), out=out, **options)
         else:

