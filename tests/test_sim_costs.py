@@ -9,7 +9,14 @@ import pytest
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimSpec
 from pdlab.sim.catalog import load_catalog
-from pdlab.sim.costs import CalibrationPoint, FittedCost, fit_coefficients, fit_profile, load_profile
+from pdlab.sim.costs import (
+    CalibrationPoint,
+    FittedCost,
+    chunk_attention,
+    fit_coefficients,
+    fit_profile,
+    load_profile,
+)
 
 
 def test_catalog_has_the_required_entries_each_with_a_source() -> None:
@@ -86,9 +93,36 @@ def test_a_profile_from_before_fresh_attention_prices_every_pair_alike(tmp_path)
                                                                 "decode_seqs", "decode_context"],
                                 "coefficients": [0.01, 1e-4, 1e-8, 1e-3, 1e-6]}))
     cost, _ = load_profile(path)
-    assert cost.coefficients == (0.01, 1e-4, 1e-8, 1e-3, 1e-6, 0.0)
-    with pytest.raises(ValueError, match="6 coefficients"):
+    assert cost.coefficients == (0.01, 1e-4, 1e-8, 1e-3, 1e-6, 0.0, 0.0)
+    with pytest.raises(ValueError, match="5 to 7 coefficients"):
         FittedCost((0.01, 1e-4, 1e-8, 1e-3))
+
+
+BASE = ["constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context"]
+
+
+def test_a_profile_names_its_premium_and_is_read_by_name(tmp_path) -> None:
+    path = tmp_path / "square.json"
+    path.write_text(json.dumps({"kind": "fitted", "features": [*BASE, "chunk_square"],
+                                "coefficients": [0.01, 1e-4, 1e-8, 1e-3, 1e-6, 2e-8]}))
+    cost, _ = load_profile(path)
+    assert cost.coefficients == (0.01, 1e-4, 1e-8, 1e-3, 1e-6, 0.0, 2e-8)
+    # a chunk of 100 after 50 cached tokens: 100 x 100 / 2 squares, whether or not it starts its prompt
+    assert cost.step_time(100, chunk_attention(100, 50), 0, 0, 0.0, 5000.0) == pytest.approx(
+        0.01 + 1e-2 + 1e-8 * 10_000 + 2e-8 * 5000)
+
+
+@pytest.mark.parametrize("features, message", [
+    ([*BASE, "fresh_attention", "chunk_square"], "at most one of fresh_attention, chunk_square"),
+    ([*BASE, "chunk_cube"], "prices constant, prefill_tokens"),
+    (BASE[:4], "prices constant, prefill_tokens"),
+])
+def test_a_profile_with_features_it_cannot_price_is_refused_naming_them(tmp_path, features, message) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"kind": "fitted", "features": features, "coefficients": [0.0] * len(features)}))
+    with pytest.raises(ValueError, match=message) as refused:
+        load_profile(path)
+    assert str(path) in str(refused.value)
 
 
 def test_fit_never_returns_negative_costs(tmp_path) -> None:
@@ -100,7 +134,8 @@ def test_fit_never_returns_negative_costs(tmp_path) -> None:
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     cost, loaded = load_profile(path)
-    assert cost.coefficients == tuple(profile["coefficients"]) and loaded["model"] == "pdlab-tiny"
+    assert profile["features"] == [*BASE, "fresh_attention"]  # the torch grid's premium
+    assert cost.coefficients == (*profile["coefficients"], 0.0) and loaded["model"] == "pdlab-tiny"
     path.write_text(json.dumps({"kind": "roofline"}))
     with pytest.raises(ValueError, match="fitted"):
         load_profile(path)

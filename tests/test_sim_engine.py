@@ -287,6 +287,26 @@ def test_requests_arriving_while_an_idle_instance_wakes_share_its_first_step(adm
         assert token_times(second)[0] > token_times(first)[0] + first_chunk(200) * 0.9
 
 
+def test_prompts_queued_back_to_back_share_steps_priced_by_their_chunks_squares() -> None:
+    """Two 300-token prompts sent together, a 200-token budget: steps of [A 200], [A 100 + B 100], [B 200]. Each
+    step pays the squares of its chunks (chunk_square) beside their causal pairs; B's first chunk is fresh, its
+    second reads the 100 tokens before it."""
+    cost = FittedCost((0.010, 0.001, 1e-6, 0.002, 1e-6, 0.0, 3e-7))
+    inst = instance("colocated-0", "colocated", budget=200, cost=cost)
+    a, b = Simulation(router=RouterSettings(), colocated=[inst]).run(
+        [Arrival(0.0, 300, 1, "long"), Arrival(0.0, 300, 1, "long")])
+
+    def step(*chunks: tuple[int, int]) -> float:
+        pairs = sum(chunk_attention(chunk, done) for chunk, done in chunks)
+        fresh = sum(chunk_attention(chunk, done) for chunk, done in chunks if done == 0)
+        return cost.step_time(sum(c for c, _ in chunks), pairs, 0, 0, fresh, sum(c * c / 2 for c, _ in chunks))
+
+    first, second, third = step((200, 0)), step((100, 200), (100, 0)), step((200, 100))
+    assert token_times(a)[0] == pytest.approx(first + second)
+    assert token_times(b)[0] == pytest.approx(first + second + third)
+    assert second == pytest.approx(0.010 + 0.2 + 1e-6 * (100 * 250 + 100 * 50) + 3e-7 * (5000 + 5000))
+
+
 def test_two_requests_on_one_colocated_instance_interleave_decode_first() -> None:
     inst = instance("colocated-0", "colocated")
     sim = Simulation(router=RouterSettings(), colocated=[inst])

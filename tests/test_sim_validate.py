@@ -12,12 +12,14 @@ from typer.testing import CliRunner
 
 from pdlab.cli import app
 from pdlab.config.sim import SimSpec
-from pdlab.sim.costs import CalibrationPoint, FittedCost, ServingOverheads, fit_profile
+from pdlab.sim.costs import FEATURES, CalibrationPoint, FittedCost, ServingOverheads, fit_profile
 from pdlab.sim.scenario import simulate
 from pdlab.sim.summary import token_times
 from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, sampling_intervals, validate_runs
 
 TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6, 1e-8))
+#: The same, with its premium on the chunks' squares (what a fit through the simulator prices by default).
+TRUTH_SQUARE = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6, 0.0, 1e-8))
 #: The engine settings the synthetic runs were simulated with (SimSpec's defaults), recorded in their summary.json
 #: as a measured run records its deployment's: without them, validation assumes vLLM's CPU defaults.
 SIMULATED_ENGINE = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
@@ -28,7 +30,8 @@ def write_profile(path: Path, cost: FittedCost) -> Path:
     points += [CalibrationPoint(0, 0, b, c, 0) for b in (1, 4) for c in (128, 2048)]
     points = [CalibrationPoint(p.prefill_tokens, p.prefill_context, p.decode_seqs, p.decode_context,
                                cost.step_time(*p.features()[1:])) for p in points]
-    path.write_text(json.dumps(fit_profile(points, model="pdlab-small", source="synthetic")))
+    premium = "chunk_square" if cost.coefficients[FEATURES.index("chunk_square")] else "fresh_attention"
+    path.write_text(json.dumps(fit_profile(points, model="pdlab-small", source="synthetic", premium=premium)))
     return path
 
 
@@ -173,11 +176,14 @@ def test_bad_run_directories_are_clear_errors(tmp_path: Path) -> None:
 
 def calibration_requests() -> list[dict]:
     """A calibration workload: prompts alone (prefill points; the last one longer than the token budget, so that a
-    chunk after cached context tells fresh attention pairs from cached ones), then 1, 2 and 4 concurrent streams
-    (decode points)."""
+    chunk after cached context tells the attention premium from the pairs), two sent together (the second's first
+    chunk shares a step with the first's last: fresh pairs and chunks' squares part), then 1, 2 and 4 concurrent
+    streams (decode points)."""
     requests = [{"at_s": 2.0 * i, "prompt_tokens": n, "output_tokens": 2, "cls": "long"}
                 for i, n in enumerate((128, 512, 1024, 2048, 4096, 10000))]
-    at = 20.0
+    requests += [{"at_s": 17.0 + 0.0001 * j, "prompt_tokens": 6000, "output_tokens": 2, "cls": "long"}
+                 for j in range(2)]
+    at = 26.0
     for batch in (1, 2, 4):
         requests += [{"at_s": at + 0.0001 * j, "prompt_tokens": 64, "output_tokens": 60, "cls": "short"}
                      for j in range(batch)]
@@ -211,7 +217,7 @@ def write_run_with_overheads(run_dir: Path, profile: Path, pools: dict, requests
 def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load(tmp_path: Path) -> None:
     from pdlab.sim.calibrate import fit_to_runs, probe_ttft
 
-    truth = write_profile(tmp_path / "truth.json", TRUTH)
+    truth = write_profile(tmp_path / "truth.json", TRUTH_SQUARE)
     profile = json.loads(truth.read_text())
     # As on pdlab's CPU tier (and as the fit assumes), a KV read depends on a busy sender: here one serves its
     # pending reads at wake-ups 500 ms apart on average while it computes, with the local tier's measured spread
@@ -227,17 +233,18 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
             write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
                                      calibration_requests())]
     # As `pdlab sim calibrate --prefill-probe` adds `pdlab bench prefill`'s single-request TTFTs: the runs alone do not
-    # pin how the attention price splits between pairs of chunks that start a prompt and cached ones (their errors
-    # stay under 5% with the fresh pairs at 0.5-1.8 times the truth, wherever the search's path leads it).
+    # pin how the attention price splits between pairs and chunks' squares (their errors stay under 5% across a wide
+    # range of the premium, wherever the search's path leads it).
     overheads = ServingOverheads.from_json(profile["overheads"])
-    probe = [(tokens, probe_ttft(TRUTH, overheads, tokens)) for tokens in (16, 256, 1024, 2048, 4096, 10000)]
+    probe = [(tokens, probe_ttft(TRUTH_SQUARE, overheads, tokens)) for tokens in (16, 256, 1024, 2048, 4096, 10000)]
     fitted = fit_to_runs(runs, "pdlab-small", max_evaluations=8000, sender_wake_cv=0.68, seeds=2, prefill_probe=probe)
     assert fitted["fit_error_pct"]["max"] < 5, fitted["fit_error_pct"]
     assert fitted["prefill_probe"]["error_pct"]["max"] < 5, fitted["prefill_probe"]
-    # The 10,000-token prompt's later chunks read cached context: fresh and cached pairs are priced apart.
-    _, _, per_pair, _, _, fresh_premium = fitted["coefficients"]
-    assert per_pair == pytest.approx(TRUTH.coefficients[2], rel=0.25)
-    assert fresh_premium == pytest.approx(TRUTH.coefficients[5], rel=0.25)
+    # The 10,000-token prompt's later chunk reads cached context: pairs and squares are priced apart.
+    assert fitted["features"][5] == "chunk_square"
+    _, _, per_pair, _, _, square_premium = fitted["coefficients"]
+    assert per_pair == pytest.approx(TRUTH_SQUARE.coefficients[2], rel=0.25)
+    assert square_premium == pytest.approx(TRUTH_SQUARE.coefficients[6], rel=0.25)
     # The per-request overhead trades off against the per-step constant in TTFT; only their sum is pinned down.
     assert 0 < fitted["overheads"]["request_ms"] < 30
     # Synthetic steps vary only as their context grows within a (batch, context) group: by well under a ms.
@@ -270,7 +277,7 @@ def test_the_sender_wake_ups_spread_is_held_through_the_fit_and_recorded(tmp_pat
     assert len(screen) == 5 and "after a screen of the wake-up mean" in fitted["fit"]["method"]
     assert fitted["fit"]["objective"] <= min(screen.values())
     assert fitted["transfer_probe"] == {"sources": ["transfer.json"], "sender_wake_cv": 0.7}
-    assert fitted["source"].endswith(" --transfer-probe transfer.json")
+    assert fitted["source"].endswith(" --transfer-probe transfer.json --premium chunk_square")
     assert ServingOverheads.from_json(fitted["overheads"]).sender_wake_cv == 0.7
 
 
@@ -287,7 +294,7 @@ def test_the_admission_window_is_held_through_the_fit_and_recorded(tmp_path: Pat
                          admission_sources=["admission.json"])
     assert fitted["overheads"]["admission_ms"] == admission_ms
     assert fitted["admission_probe"] == {"sources": ["admission.json"], "window_ms": admission_ms}
-    assert fitted["source"].endswith(" --admission-probe admission.json")
+    assert " --admission-probe admission.json " in fitted["source"]
     assert ServingOverheads.from_json(fitted["overheads"]).admission_s == {role: ms / 1e3
                                                                           for role, ms in admission_ms.items()}
 

@@ -12,7 +12,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from pdlab.sim.costs import CalibrationPoint, FittedCost, ServingOverheads, fit_profile
+from pdlab.sim.costs import (
+    BASE_FEATURES,
+    DEFAULT_PREMIUM,
+    FEATURES,
+    PREMIUMS,
+    CalibrationPoint,
+    FittedCost,
+    ServingOverheads,
+    coefficients_by_name,
+    fit_profile,
+)
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,7 @@ DEFAULT_SENDER_WAKE_S = 0.5
 """Where the fit starts the mean time a computing sender takes to serve its pending reads: about half of
 `pdlab bench transfer`'s median read beside a busy prefill instance (0.86 s in its first record), which the
 sender going idle also cuts short."""
-#: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s/fresh pair, s, s): a
+#: Smallest starting values (s, s/token, s/attention pair, s/sequence, s/context token, s/premium unit, s, s): a
 #: coefficient the start profile has at zero is searched from here (the search is in log space, so it cannot start
 #: at zero).
 _START_FLOORS = (1e-3, 1e-5, 1e-11, 1e-4, 1e-6, 1e-11, 5e-3, 5e-3)
@@ -186,19 +196,22 @@ _RESTARTS = 3
 _WAKE_SCREEN = (0.5, 0.7, 1.0, 1.4, 2.0)
 
 
-def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: float, longest: int
-            ) -> list[list[float]]:
+def _starts(cost: FittedCost, request_s: float, handoff_s: float, ttft_floor_s: float, longest: int,
+            premium: str = DEFAULT_PREMIUM) -> list[list[float]]:
     """Starting points for the search: the start profile's own, then four that keep its prefill time of the
     longest calibration prompt but split it differently between the per-token and the quadratic attention term
     (all linear, half and half), with the per-request overhead at 10% or 50% of the fastest measured TTFT. The
     runs constrain the sum of per-request overhead and a short prompt's prefill much better than either part:
-    without these starts the search stays in whichever split it began with. A start profile that prices every
-    pair alike (no `fresh_attention` coefficient) starts fresh pairs at half again the price of cached ones."""
-    c0, c1, c2, c3, c4, c5 = (max(c, floor) for c, floor in zip(cost.coefficients, _START_FLOORS, strict=False))
-    c5 = max(c5, c2 / 2)
+    without these starts the search stays in whichever split it began with. The searched premium (one of
+    `PREMIUMS`) starts at the start profile's price for it, else at its price for the other premium (a whole prompt
+    in one chunk has as much of either), and at least at half the price of a pair."""
+    c0, c1, c2, c3, c4 = (max(c, floor) for c, floor in zip(cost.coefficients[:5], _START_FLOORS, strict=False))
+    other = next(p for p in PREMIUMS if p != premium)
+    c5 = cost.coefficients[FEATURES.index(premium)] or cost.coefficients[FEATURES.index(other)]
+    c5 = max(c5, _START_FLOORS[5], c2 / 2)
     own = [c0, c1, c2, c3, c4, c5, max(request_s, _START_FLOORS[6]), max(handoff_s, _START_FLOORS[7])]
     whole = longest * longest / 2
-    prefill_longest = cost.step_time(longest, whole, 0, 0, whole) - cost.coefficients[0]
+    prefill_longest = cost.step_time(longest, whole, 0, 0, whole, whole) - cost.coefficients[0]
     starts = [own]
     for quadratic_share in (0.0, 0.5):
         for overhead_share in (0.1, 0.5):
@@ -282,7 +295,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                 admission_ms: dict[str, float] | None = None, admission_sources: Sequence[str] = (),
                 streams_probe: Sequence[dict] | None = None, streams_sources: Sequence[str] = (),
                 sender_gated: bool = True, sender_wake_cv: float | None = None,
-                transfer_sources: Sequence[str] = (), seeds: int = 1,
+                transfer_sources: Sequence[str] = (), seeds: int = 1, premium: str = DEFAULT_PREMIUM,
                 progress: Callable[[str], None] = lambda _: None) -> dict:
     """Fit step costs, serving overheads and the local link's bandwidth so that replaying the calibration runs in
     the simulator reproduces their p50 and p99 TTFT and ITL per class: Nelder-Mead on the mean absolute log error
@@ -309,17 +322,23 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     Why a fit through the simulator rather than on single steps: a server's step times are not observable one by
     one from its streams (tokens of concurrent requests share steps, HTTP and the router add latency), while the
     percentiles the simulator is asked to predict are; the simulator's structure (scheduler, token budget, P/D
-    hand-off) carries the rest. Validate on other runs than these."""
+    hand-off) carries the rest. Validate on other runs than these.
+
+    `premium`: which of `PREMIUMS` prices a prefill chunk beyond its causal pairs (`DEFAULT_PREMIUM`: the chunks'
+    squares; the calibration runs' queues of prompts tell them apart, `costs` says why)."""
     from pathlib import Path
 
     import numpy as np
     from scipy.optimize import minimize
 
     from pdlab.environment import capture
-    from pdlab.sim.costs import FEATURES, load_profile
+    from pdlab.sim.costs import load_profile
     from pdlab.sim.scenario import prepare, resolve_profile
     from pdlab.sim.validate import compare, measured_transfer_s, replay_of, replay_seeds, simulated_transfer_s
 
+    if premium not in PREMIUMS:
+        raise ValueError(f"premium {premium!r}: choose one of {', '.join(PREMIUMS)}")
+    features = [*BASE_FEATURES, premium]
     start_path = resolve_profile(Path(start or DEFAULT_START_PROFILE))
     start_cost, start_profile = load_profile(start_path)
     start_overheads = ServingOverheads.from_json(start_profile.get("overheads"))
@@ -351,7 +370,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
 
     def unpack(x: np.ndarray) -> tuple[FittedCost, ServingOverheads, float]:
         values = np.exp(x)
-        return FittedCost(tuple(float(v) for v in values[:6])), ServingOverheads(
+        return FittedCost(coefficients_by_name(features, [float(v) for v in values[:6]])), ServingOverheads(
             request_s=float(values[6]), handoff_s=float(values[7]), step_jitter_s=jitter, step_jitter_pd_s=jitter_pd,
             transfer_waits_for_sender=sender_gated, sender_wake_s=float(values[9]) if sender_gated else 0.0,
             sender_wake_cv=wake_cv, admission_s=admission_s,
@@ -385,7 +404,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         found = errors(x) + probe_errors(x)
         return float(np.mean([abs(np.log(e["simulated"] / e["measured"])) for e in found])) if found else 0.0
 
-    starts = _starts(start_cost, start_overheads.request_s, start_overheads.handoff_s, ttft_floor, longest)
+    starts = _starts(start_cost, start_overheads.request_s, start_overheads.handoff_s, ttft_floor, longest, premium)
     # Half the budget screens every start with one short search; the best one gets the rest, restarted.
     screen = max(max_evaluations // (2 * len(starts)), 10)
     best = None
@@ -422,8 +441,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     return {
         "kind": "fitted",
         "model": model,
-        "features": list(FEATURES),
-        "coefficients": list(cost.coefficients),
+        "features": features,
+        "coefficients": [cost.coefficients[FEATURES.index(f)] for f in features],
         "overheads": overheads.to_json(),
         "link": {"name": replays[0].spec.link.name, "bandwidth_gbps": gbps,
                  "measured_gbps": measured_link_gbps(run_dirs),
@@ -458,7 +477,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
                   + "".join(f" --admission-probe {path}" for path in admission_sources)
                   + "".join(f" --streams-probe {path}" for path in streams_sources)
                   + "".join(f" --transfer-probe {path}" for path in transfer_sources)
-                  + (f" --seeds {seeds}" if seeds > 1 else ""),
+                  + (f" --seeds {seeds}" if seeds > 1 else "")
+                  + f" --premium {premium}",
         "dtype_bytes": 4,
         "environment": capture(),
     }

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from pdlab.settings import VALIDATION_SEEDS
+from pdlab.sim.costs import DEFAULT_PREMIUM
 
 app = typer.Typer(help="Simulate P/D serving at cluster scale.", no_args_is_help=True)
 console = Console()
@@ -102,6 +103,9 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                   seeds: int = typer.Option(1, min=1, help="--from-runs: simulations of each run per evaluation "
                                             "(seeds 0, 1, ...), each percentile averaged over them: slower, and less "
                                             "prone to fit one random draw."),
+                  premium: str = typer.Option(DEFAULT_PREMIUM, help="--from-runs: what prices a prefill chunk "
+                                              "beyond its causal pairs: `chunk_square` (each chunk's square) or "
+                                              "`fresh_attention` (the pairs of chunks that start their prompt)."),
                   quick: bool = typer.Option(False, help="A smaller grid (for tests; less accurate).")) -> None:
     """Fit the local model's step costs: measured with torch (one thread), or fitted through the simulator to
     measured runs (step costs plus serving overheads and step-time variation)."""
@@ -140,7 +144,7 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                                       sender_gated=sender_gated,
                                       sender_wake_cv=sum(cvs) / len(cvs) if cvs else None,
                                       transfer_sources=[str(path) for path in transfer_probe or ()], seeds=seeds,
-                                      progress=lambda what: status.update(what))
+                                      premium=premium, progress=lambda what: status.update(what))
         except (RunDirError, ConfigError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")
             raise typer.Exit(code=2) from None

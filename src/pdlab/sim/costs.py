@@ -11,6 +11,15 @@ A step is described by these numbers, the same for every cost model:
   core, idle (`pdlab bench prefill`, data/results/prefill/), prefills 2,048 tokens in ~775 ms, and the next 952
   tokens of the same prompt (more pairs, half the tokens) in ~435 ms; one price per pair puts that ratio at 1.6,
   measured 1.8, and loaded runs show the same (887 and 490 ms between a stream's tokens, hol-blocking colocated).
+- `chunk_square`: sum over the chunks of `chunk * chunk / 2`, whether or not they start their prompt: work that grows
+  with the square of each chunk, beside its causal pairs (as if attention computed the whole rectangle of a chunk's
+  queries against its keys and masked half). It explains the same first-chunk premium, and also what
+  `fresh_attention` gets wrong: prompts queued back to back share steps (a prompt's first chunk fills what the one
+  before left of the budget), which cuts their fresh pairs by half and more but their chunks' squares by ~5%. On
+  one instance, 4 prompts of 3,000 tokens sent together took 0.997 times as long as the same prompts one at a time
+  (median of 10 rounds, 0.94-1.04; `pdlab bench backtoback`, data/results/backtoback/20261202-175725.json): priced
+  by fresh pairs the queue takes 0.94 times, by chunk squares 0.99.
+A fitted profile prices at most one of the two (`PREMIUMS`); they tell apart only through queued prompts.
 
 `RooflineCost` turns them into time from a hardware and a model shape; `FittedCost` is a linear model in the same
 features, fitted by least squares on measured step times (`fit_profile`).
@@ -27,14 +36,36 @@ import numpy as np
 
 from pdlab.sim.catalog import Hardware, Link, ModelShape
 
-FEATURES = ("constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context", "fresh_attention")
-#: Profiles written before `fresh_attention` existed: read with its coefficient 0 (one price for every pair).
-_FEATURES_BEFORE_FRESH = FEATURES[:5]
+FEATURES = ("constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context", "fresh_attention",
+            "chunk_square")
+#: What every fitted profile prices (profiles written before `fresh_attention` existed have just these).
+BASE_FEATURES = FEATURES[:5]
+#: The two ways to price a prefill chunk beyond its causal pairs; a profile has at most one.
+PREMIUMS = ("fresh_attention", "chunk_square")
+#: What a fit through the simulator prices (`pdlab sim calibrate --from-runs`): the chunks' squares get a queue of
+#: prompts right where a premium on chunks that start their prompt does not (above).
+DEFAULT_PREMIUM = "chunk_square"
 
 
 def step_features(prefill_tokens: float, prefill_attention: float, decode_seqs: float,
-                  decode_context: float, fresh_attention: float = 0.0) -> tuple[float, ...]:
-    return (1.0, prefill_tokens, prefill_attention, decode_seqs, decode_context, fresh_attention)
+                  decode_context: float, fresh_attention: float = 0.0, chunk_square: float = 0.0
+                  ) -> tuple[float, ...]:
+    return (1.0, prefill_tokens, prefill_attention, decode_seqs, decode_context, fresh_attention, chunk_square)
+
+
+def coefficients_by_name(features: list[str] | tuple[str, ...], values: list[float] | tuple[float, ...]
+                         ) -> tuple[float, ...]:
+    """A profile's coefficients (for the features it names) in `FEATURES` order, zero for those it does not price."""
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown or len(set(features)) != len(features) or not set(BASE_FEATURES) <= set(features):
+        raise ValueError(f"features {list(features)}: a fitted profile prices {', '.join(BASE_FEATURES)} and at "
+                         f"most one of {', '.join(PREMIUMS)}")
+    if sum(f in PREMIUMS for f in features) > 1:
+        raise ValueError(f"features {list(features)}: price at most one of {', '.join(PREMIUMS)}")
+    if len(values) != len(features):
+        raise ValueError(f"{len(features)} features but {len(values)} coefficients")
+    named = dict(zip(features, values, strict=True))
+    return tuple(float(named.get(f, 0.0)) for f in FEATURES)
 
 
 def chunk_attention(chunk: int, already_computed: int) -> float:
@@ -46,7 +77,7 @@ class StepCost(Protocol):
     """Anything that prices a scheduler step, in seconds."""
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
-                  decode_context: int, fresh_attention: float = 0.0) -> float: ...
+                  decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -75,8 +106,8 @@ class RooflineCost:
         object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3)
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
-                  decode_context: int, fresh_attention: float = 0.0) -> float:
-        # FLOPs and bytes do not depend on whether a chunk starts its prompt: `fresh_attention` is not priced.
+                  decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
+        # FLOPs and bytes count causal pairs only: neither premium of the CPU tier's fitted profiles is priced.
         tokens = prefill_tokens + decode_seqs
         if tokens == 0:
             return 0.0
@@ -90,24 +121,25 @@ class RooflineCost:
 @dataclass(frozen=True)
 class FittedCost:
     """step_time = coefficients . step_features(...), fitted on measured steps of one machine and model.
-    Five coefficients (a profile from before `fresh_attention`) price every attention pair alike."""
+    Coefficients in `FEATURES` order; fewer (5 or 6: profiles from before `fresh_attention` or `chunk_square`)
+    leave the rest at zero. A profile names its features: `coefficients_by_name`."""
 
     coefficients: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if len(self.coefficients) == len(_FEATURES_BEFORE_FRESH):
-            object.__setattr__(self, "coefficients", (*self.coefficients, 0.0))
-        if len(self.coefficients) != len(FEATURES):
-            raise ValueError(f"a fitted cost needs {len(FEATURES)} coefficients ({', '.join(FEATURES)}), "
-                             f"got {len(self.coefficients)}")
+        if not len(BASE_FEATURES) <= len(self.coefficients) <= len(FEATURES):
+            raise ValueError(f"a fitted cost needs {len(BASE_FEATURES)} to {len(FEATURES)} coefficients "
+                             f"({', '.join(FEATURES)}), got {len(self.coefficients)}")
+        padded = (*self.coefficients, *(0.0,) * (len(FEATURES) - len(self.coefficients)))
+        object.__setattr__(self, "coefficients", padded)
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
-                  decode_context: int, fresh_attention: float = 0.0) -> float:
+                  decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
         if prefill_tokens == 0 and decode_seqs == 0:
             return 0.0
-        c0, c1, c2, c3, c4, c5 = self.coefficients
+        c0, c1, c2, c3, c4, c5, c6 = self.coefficients
         return (c0 + c1 * prefill_tokens + c2 * prefill_attention + c3 * decode_seqs + c4 * decode_context
-                + c5 * fresh_attention)
+                + c5 * fresh_attention + c6 * chunk_square)
 
 
 @dataclass(frozen=True)
@@ -125,13 +157,17 @@ class CalibrationPoint:
     def features(self) -> tuple[float, ...]:
         attention = chunk_attention(self.prefill_tokens, self.prefill_context) if self.prefill_tokens else 0.0
         return step_features(self.prefill_tokens, attention, self.decode_seqs, self.decode_seqs * self.decode_context,
-                             attention if self.prefill_context == 0 else 0.0)
+                             attention if self.prefill_context == 0 else 0.0, self.prefill_tokens ** 2 / 2)
 
 
-def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
-    """Non-negative least squares on relative error (so 5 ms decode steps weigh as much as 3 s prefills).
-    Features whose coefficient comes out negative are dropped and the rest refitted: a negative cost per token
-    would be an artefact of noise, and it would make the simulator predict faster steps for more work."""
+def fit_coefficients(points: list[CalibrationPoint], premium: str = "fresh_attention") -> tuple[float, ...]:
+    """Non-negative least squares on relative error (so 5 ms decode steps weigh as much as 3 s prefills), in
+    `FEATURES` order, with one of the `PREMIUMS` (the other stays zero: a grid of whole prompts and chunks after
+    cached context cannot tell both from the causal pairs). Features whose coefficient comes out negative are
+    dropped and the rest refitted: a negative cost per token would be an artefact of noise, and it would make the
+    simulator predict faster steps for more work."""
+    if premium not in PREMIUMS:
+        raise ValueError(f"premium {premium!r}: choose one of {', '.join(PREMIUMS)}")
     if len(points) < 2:
         raise ValueError("fitting needs at least two calibration points")
     x = np.array([p.features() for p in points], dtype=float)
@@ -139,10 +175,10 @@ def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
     if np.any(y <= 0):
         raise ValueError("calibration step times must be positive")
     weights = 1.0 / y
-    active = [i for i in range(x.shape[1]) if np.any(x[:, i] != 0)]
-    fresh, pairs = FEATURES.index("fresh_attention"), FEATURES.index("prefill_attention")
-    if np.array_equal(x[:, fresh], x[:, pairs]):  # no chunk read cached context: one price for every pair
-        active = [i for i in active if i != fresh]
+    priced = FEATURES.index(premium)
+    active = [i for i in range(x.shape[1]) if np.any(x[:, i] != 0) and (i == priced or FEATURES[i] not in PREMIUMS)]
+    if np.array_equal(x[:, priced], x[:, FEATURES.index("prefill_attention")]):
+        active = [i for i in active if i != priced]  # no chunk read cached context: one price for every pair
     while True:
         solution, *_ = np.linalg.lstsq(x[:, active] * weights[:, None], y * weights, rcond=None)
         if np.all(solution >= 0) or len(active) == 1:
@@ -153,16 +189,17 @@ def fit_coefficients(points: list[CalibrationPoint]) -> tuple[float, ...]:
     return tuple(float(c) for c in coefficients)
 
 
-def fit_profile(points: list[CalibrationPoint], model: str, source: str) -> dict:
+def fit_profile(points: list[CalibrationPoint], model: str, source: str, premium: str = "fresh_attention") -> dict:
     """A fitted cost profile (JSON-ready): coefficients, the points, and the fit's own error."""
-    coefficients = fit_coefficients(points)
-    cost = FittedCost(coefficients)  # type: ignore[arg-type]
+    coefficients = fit_coefficients(points, premium)
+    cost = FittedCost(coefficients)
+    features = [*BASE_FEATURES, premium]
     errors = [abs(cost.step_time(*p.features()[1:]) - p.step_s) / p.step_s * 100 for p in points]
     return {
         "kind": "fitted",
         "model": model,
-        "features": list(FEATURES),
-        "coefficients": list(coefficients),
+        "features": features,
+        "coefficients": [coefficients[FEATURES.index(f)] for f in features],
         "fit_error_pct": {"mean": float(np.mean(errors)), "max": float(np.max(errors))},
         "source": source,
         "points": [p.__dict__ for p in points],
@@ -282,10 +319,12 @@ def load_profile(path: str | Path) -> tuple[FittedCost, dict]:
     """Read a fitted profile JSON (as written by `pdlab sim calibrate` or `fit_profile`); its serving overheads,
     if any, are `ServingOverheads.from_json(profile.get("overheads"))`."""
     profile = json.loads(Path(path).read_text())
-    if profile.get("kind") != "fitted" or list(profile.get("features", [])) not in (list(FEATURES),
-                                                                                    list(_FEATURES_BEFORE_FRESH)):
-        raise ValueError(f"{path}: not a pdlab fitted cost profile (kind 'fitted' with features {FEATURES})")
-    return FittedCost(tuple(profile["coefficients"])), profile  # type: ignore[arg-type]
+    if profile.get("kind") != "fitted" or not isinstance(profile.get("features"), list):
+        raise ValueError(f"{path}: not a pdlab fitted cost profile (kind 'fitted' with a list of features)")
+    try:
+        return FittedCost(coefficients_by_name(profile["features"], profile.get("coefficients") or [])), profile
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -306,13 +306,15 @@ class Simulation:
         if not chunks and not inst.running:
             return None
         prefill_tokens = sum(chunk for _, chunk in chunks)
-        attention = fresh = 0.0  # all pairs, and those of chunks that start their prompt (one pass: a hot path)
+        # All pairs, those of chunks that start their prompt, and the chunks' squares (one pass: a hot path).
+        attention = fresh = square = 0.0
         for request, chunk in chunks:
             pairs = chunk_attention(chunk, request.computed)
             attention += pairs
+            square += chunk * chunk / 2
             if request.computed == 0:
                 fresh += pairs
-        return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context, fresh)
+        return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context, fresh, square)
 
     def _end_step(self, inst: Instance, chunks: list) -> None:
         now = self.now
