@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pdlab.sim.costs import (
-    BASE_FEATURES,
     DEFAULT_PREMIUM,
     FEATURES,
     PREMIUMS,
@@ -22,6 +21,7 @@ from pdlab.sim.costs import (
     ServingOverheads,
     coefficients_by_name,
     fit_profile,
+    profile_features,
 )
 
 
@@ -336,9 +336,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     from pdlab.sim.scenario import prepare, resolve_profile
     from pdlab.sim.validate import compare, measured_transfer_s, replay_of, replay_seeds, simulated_transfer_s
 
-    if premium not in PREMIUMS:
-        raise ValueError(f"premium {premium!r}: choose one of {', '.join(PREMIUMS)}")
-    features = [*BASE_FEATURES, premium]
+    features = profile_features(premium)
     start_path = resolve_profile(Path(start or DEFAULT_START_PROFILE))
     start_cost, start_profile = load_profile(start_path)
     start_overheads = ServingOverheads.from_json(start_profile.get("overheads"))
@@ -442,7 +440,7 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
         "kind": "fitted",
         "model": model,
         "features": features,
-        "coefficients": [cost.coefficients[FEATURES.index(f)] for f in features],
+        "coefficients": cost.values_for(features),
         "overheads": overheads.to_json(),
         "link": {"name": replays[0].spec.link.name, "bandwidth_gbps": gbps,
                  "measured_gbps": measured_link_gbps(run_dirs),

@@ -45,6 +45,16 @@ PREMIUMS = ("fresh_attention", "chunk_square")
 #: What a fit through the simulator prices (`pdlab sim calibrate --from-runs`): the chunks' squares get a queue of
 #: prompts right where a premium on chunks that start their prompt does not (above).
 DEFAULT_PREMIUM = "chunk_square"
+#: What a fit on single measured steps prices (`fit_profile`: the torch grid, `pdlab sim fit`, the GPU bench): whole
+#: prompts and chunks after cached context tell fresh pairs from cached ones, not chunks' squares from pairs.
+GRID_PREMIUM = "fresh_attention"
+
+
+def profile_features(premium: str) -> list[str]:
+    """The features a fitted profile with `premium` (one of `PREMIUMS`) names, in order."""
+    if premium not in PREMIUMS:
+        raise ValueError(f"premium {premium!r}: choose one of {', '.join(PREMIUMS)}")
+    return [*BASE_FEATURES, premium]
 
 
 def step_features(prefill_tokens: float, prefill_attention: float, decode_seqs: float,
@@ -133,6 +143,10 @@ class FittedCost:
         padded = (*self.coefficients, *(0.0,) * (len(FEATURES) - len(self.coefficients)))
         object.__setattr__(self, "coefficients", padded)
 
+    def values_for(self, features: list[str]) -> list[float]:
+        """The coefficients of `features` (names from `FEATURES`), as a profile writes them beside their names."""
+        return [self.coefficients[FEATURES.index(f)] for f in features]
+
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
         if prefill_tokens == 0 and decode_seqs == 0:
@@ -160,14 +174,13 @@ class CalibrationPoint:
                              attention if self.prefill_context == 0 else 0.0, self.prefill_tokens ** 2 / 2)
 
 
-def fit_coefficients(points: list[CalibrationPoint], premium: str = "fresh_attention") -> tuple[float, ...]:
+def fit_coefficients(points: list[CalibrationPoint], premium: str = GRID_PREMIUM) -> tuple[float, ...]:
     """Non-negative least squares on relative error (so 5 ms decode steps weigh as much as 3 s prefills), in
     `FEATURES` order, with one of the `PREMIUMS` (the other stays zero: a grid of whole prompts and chunks after
     cached context cannot tell both from the causal pairs). Features whose coefficient comes out negative are
     dropped and the rest refitted: a negative cost per token would be an artefact of noise, and it would make the
     simulator predict faster steps for more work."""
-    if premium not in PREMIUMS:
-        raise ValueError(f"premium {premium!r}: choose one of {', '.join(PREMIUMS)}")
+    profile_features(premium)  # a known premium
     if len(points) < 2:
         raise ValueError("fitting needs at least two calibration points")
     x = np.array([p.features() for p in points], dtype=float)
@@ -189,17 +202,16 @@ def fit_coefficients(points: list[CalibrationPoint], premium: str = "fresh_atten
     return tuple(float(c) for c in coefficients)
 
 
-def fit_profile(points: list[CalibrationPoint], model: str, source: str, premium: str = "fresh_attention") -> dict:
+def fit_profile(points: list[CalibrationPoint], model: str, source: str, premium: str = GRID_PREMIUM) -> dict:
     """A fitted cost profile (JSON-ready): coefficients, the points, and the fit's own error."""
-    coefficients = fit_coefficients(points, premium)
-    cost = FittedCost(coefficients)
-    features = [*BASE_FEATURES, premium]
+    features = profile_features(premium)
+    cost = FittedCost(fit_coefficients(points, premium))
     errors = [abs(cost.step_time(*p.features()[1:]) - p.step_s) / p.step_s * 100 for p in points]
     return {
         "kind": "fitted",
         "model": model,
         "features": features,
-        "coefficients": [coefficients[FEATURES.index(f)] for f in features],
+        "coefficients": cost.values_for(features),
         "fit_error_pct": {"mean": float(np.mean(errors)), "max": float(np.max(errors))},
         "source": source,
         "points": [p.__dict__ for p in points],
