@@ -40,6 +40,11 @@ def test_search_scores_every_split_and_names_the_best() -> None:
                       {"prefill": 3, "decode": 1}]
     assert found["best"] in found["splits"]
     assert found["best"]["attainment"] == max(row["attainment"] for row in found["splits"])
+    # The table ends by naming the best split in words.
+    table = invoke("search", str(spec), "--gpus", "8")
+    assert table.exit_code == 0, table.output
+    named = ", ".join(f"{pool} {n}" for pool, n in found["best"]["pools"].items())
+    assert f"best: {named} ({found['best']['attainment']:.1%}" in table.output, table.output
 
 
 def test_bad_spec_fails_naming_the_field(tmp_path: Path) -> None:

@@ -410,4 +410,6 @@ def search_cmd(spec_path: Path = typer.Argument(..., help="A sim spec YAML with 
                       _fmt(row["long_ttft_p99_ms"]), _fmt(row["short_itl_p99_ms"]),
                       *([f"{row['max_rate_rps']:.2f}"] if find_rate else []))
     console.print(table)
-    console.print(f"best: {result['best']['pools']}")
+    best = result["best"]
+    console.print(f"best: {', '.join(f'{k} {v}' for k, v in best['pools'].items())} "
+                  f"({best['attainment']:.1%} of requests within the SLOs, {best['goodput_rps']:.2f} req/s goodput)")
