@@ -112,6 +112,23 @@ def test_pooled_runs_are_measured_and_simulated_together(tmp_path: Path) -> None
     assert measured == pytest.approx(np.percentile(ttfts, 50))
     assert measured != pytest.approx(alone["errors"]["long.ttft_ms.p50"]["measured"])
     assert pooled["kv_transfer_ms"]["measured"] == pytest.approx(1000.0)  # 3 s over 3 transfers
+    # Each run's own value is kept beside the pooled one, and a repeat's joins them.
+    second_alone = validate_runs([second], profile, model="pdlab-small")["runs"][0]
+    own = pooled["errors"]["long.ttft_ms.p50"]["per_run_measured"]
+    assert own == pytest.approx([alone["errors"]["long.ttft_ms.p50"]["measured"],
+                                 second_alone["errors"]["long.ttft_ms.p50"]["measured"]])
+    assert own[0] != pytest.approx(own[1]) and min(own) < measured < max(own)
+    third = make_run(tmp_path / "c" / "hol", profile, pools,
+                     requests=[r | {"prompt_tokens": 4000} if r["cls"] == "long" else r for r in hol_requests()])
+    repeated = validate_runs([first], profile, model="pdlab-small", pooled=[second], repeats=[third])
+    for e in repeated["runs"][0]["errors"].values():
+        assert len(e["per_run_measured"]) == 3 and e["per_run_measured"][2] == e["repeat_measured"]
+    each = repeated["each_run"]
+    assert each["runs"] == 3 and each["metrics"] == repeated["metrics"]
+    # The simulator reproduces the pooled runs, so the long TTFT p50 lies between the runs' own, as does every
+    # metric within 10%.
+    assert 1 <= each["simulator_between"] <= each["within_goal_or_between"] == each["metrics"]
+    assert validate_runs([first], profile, model="pdlab-small")["each_run"] is None  # one run: nothing beside it
     with pytest.raises(RunDirError, match="repeat must be another run"):
         validate_runs([first], profile, model="pdlab-small", pooled=[second], repeats=[second])
     out = tmp_path / "validation"
@@ -120,6 +137,7 @@ def test_pooled_runs_are_measured_and_simulated_together(tmp_path: Path) -> None
     assert cli.exit_code == 0, cli.output
     saved = json.loads((out / "validation.json").read_text())
     assert f"--pool {second}" in saved["command"] and saved["runs"][0]["pooled"] == [str(second)]
+    assert "each of the 2 runs' own value" in " ".join(cli.output.split())
 
 
 def test_sampling_intervals_resample_whole_requests() -> None:

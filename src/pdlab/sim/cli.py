@@ -274,6 +274,10 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                       f"simulator is within max(10%, that spread) on {spread['simulator_within_spread']}/"
                       f"{spread['metrics']}; the other run lies within the first's 95% interval on "
                       f"{spread['repeat_within_ci']}/{spread['metrics']}")
+    if each := result["each_run"]:
+        console.print(f"each of the {each['runs']} runs' own value beside the pooled one: the simulator lies between "
+                      f"the lowest and the highest of them on {each['simulator_between']}/{each['metrics']}, within "
+                      f"10% or between them on {each['within_goal_or_between']}/{each['metrics']}")
     from pdlab.environment import capture
 
     result["command"] = "pdlab sim validate " + " ".join(

@@ -354,6 +354,15 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     simulated, simulations = replay_seeds(replays, [prepare(replay.spec) for replay in replays], seeds)
     rows = [row for replay in replays for row in replay.rows]
     errors = compare(measured_metrics(rows), simulated)
+    if pooled:
+        # Each run's own percentile beside the pooled one: a p99 of a few dozen requests is one or two of them, and
+        # the runs' own values show whether a miss is the simulator's or the draw's.
+        alone = [measured_metrics(replay.rows) for replay in replays]
+        for key, e in errors.items():
+            cls, metric, pct = key.split(".")
+            values = [(own.get(cls) or {}).get(metric, {}).get(pct) for own in alone]
+            if all(v is not None for v in values):
+                e["per_run_measured"] = values
     intervals = sampling_intervals(rows)
     for key, e in errors.items():
         cls, metric, pct = key.split(".")
@@ -389,7 +398,9 @@ def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: Run
     """Validate each run; with `repeats` (other measured runs of the same scenarios, matched by directory name),
     also report per metric how far two real runs of the same load differ (`run_to_run_pct`): the measurement's own
     spread, against which the simulator's error is read (a p99 of a few hundred gaps moves a lot between runs).
-    `pooled` runs (matched by directory name too) join their run's requests on both sides (`validate_run`)."""
+    `pooled` runs (matched by directory name too) join their run's requests on both sides (`validate_run`); then
+    each run's own value is kept too (`per_run_measured`: the validated run, the pooled ones, the repeat), and
+    `each_run` counts the metrics whose simulated value lies between the lowest and highest of them."""
     overlap = {Path(d).resolve() for d in repeats or []} & {Path(d).resolve() for d in [*run_dirs, *(pooled or [])]}
     if overlap:
         raise RunDirError(f"{sorted(map(str, overlap))[0]}: a repeat must be another run than those validated or "
@@ -412,10 +423,13 @@ def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: Run
             if again is not None:
                 e["repeat_measured"] = again
                 e["run_to_run_pct"] = abs(again - e["measured"]) / e["measured"] * 100
+                if "per_run_measured" in e:
+                    e["per_run_measured"] = [*e["per_run_measured"], again]
     every = [e for r in runs for e in r["errors"].values()]
     worst = [r["max_error_pct"] for r in runs if not math.isnan(r["max_error_pct"])]
     spread = [e for e in every if "run_to_run_pct" in e]
     sampled = [e for e in every if "measured_ci95" in e]
+    each = [e for e in every if "per_run_measured" in e]
     return {"profile": str(profile), "model": model, "runs": runs, "goal_pct": 10.0, "seeds": seeds,
             "max_error_pct": max(worst) if worst else None,
             "median_error_pct": float(np.median([e["error_pct"] for e in every])) if every else None,
@@ -432,4 +446,14 @@ def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: Run
                 "simulator_within_ci": sum(e["simulated_within_ci"] for e in sampled),
                 "median_ci_width_pct": float(np.median([(e["measured_ci95"][1] - e["measured_ci95"][0])
                                                         / e["measured"] * 100 for e in sampled])),
-                "resamples": SAMPLING_RESAMPLES, "metrics": len(sampled)}}
+                "resamples": SAMPLING_RESAMPLES, "metrics": len(sampled)},
+            "each_run": None if not each else {
+                "runs": min(len(e["per_run_measured"]) for e in each),
+                "simulator_between": sum(_between(e) for e in each),
+                "within_goal_or_between": sum(e["error_pct"] <= 10.0 or _between(e) for e in each),
+                "metrics": len(each)}}
+
+
+def _between(e: dict) -> bool:
+    """Whether the simulated value lies between the lowest and the highest of the runs' own values."""
+    return min(e["per_run_measured"]) <= e["simulated"] <= max(e["per_run_measured"])
