@@ -52,7 +52,8 @@ def test_ttft_by_class_and_sweep_figures():
 def test_validation_figure_puts_each_metric_at_measured_simulated_with_its_interval():
     result = {"goal_pct": 10.0, "runs": [{"run": "data/sim-runs/lab/20261130-000000/colocated", "errors": {
         "short.ttft_ms.p50": {"measured": 40.0, "simulated": 44.0, "error_pct": 10.0, "measured_ci95": [38.0, 45.0]},
-        "short.itl_ms.p99": {"measured": 20.0, "simulated": 15.0, "error_pct": 25.0, "measured_ci95": [19.0, 22.0]},
+        "short.itl_ms.p99": {"measured": 20.0, "simulated": 15.0, "error_pct": 25.0, "measured_ci95": [19.0, 22.0],
+                             "per_run_measured": [18.5, 21.0, 14.0]},
         "long.ttft_ms.p50": {"measured": 1500.0, "simulated": 1400.0, "error_pct": 6.7}}}]}
     fig = validation_figure(result)
     band, diagonal, *points = fig.data
@@ -63,5 +64,7 @@ def test_validation_figure_puts_each_metric_at_measured_simulated_with_its_inter
     assert list(ttft.x) == [40.0, 1500.0] and list(ttft.y) == [44.0, 1400.0]
     assert list(ttft.error_x.arrayminus) == [2.0, 0.0] and list(ttft.error_x.array) == [5.0, 0.0]
     assert "lab/20261130-000000/colocated" in ttft.text[0] and "10.0% off" in ttft.text[0]
+    assert "each run's own" not in ttft.text[0]  # not pooled: nothing beside the one run
+    assert "each run's own: 18.5, 21.0, 14.0" in by_name["ITL p99"].text[0]
     assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
 

@@ -134,7 +134,8 @@ def validation_figure(result: dict, goal_pct: float | None = None,
                       title: str = "Simulated against measured") -> go.Figure:
     """One point per metric of each validated run (`pdlab sim validate`'s result): measured on x, simulated on y,
     log axes; horizontal bars span the measured value's 95% sampling interval, and the band is +-goal around
-    equality. Points are coloured by metric (TTFT or ITL, p50 or p99), the run and the error on hover."""
+    equality. Points are coloured by metric (TTFT or ITL, p50 or p99), the run, the error and (for pooled runs)
+    each run's own value on hover."""
     goal = (goal_pct if goal_pct is not None else result.get("goal_pct", 10.0)) / 100
     points: dict[str, list[tuple]] = {}
     for run in result["runs"]:
@@ -143,9 +144,11 @@ def validation_figure(result: dict, goal_pct: float | None = None,
             cls, metric, pct = key.split(".")
             low, high = e.get("measured_ci95") or (e["measured"], e["measured"])
             label = f"{metric.removesuffix('_ms').upper()} {pct}"
+            own = e.get("per_run_measured")
+            runs = f"<br>each run's own: {', '.join(f'{v:,.1f}' for v in own)}" if own else ""
             points.setdefault(label, []).append((e["measured"], e["simulated"], e["measured"] - low,
                                                  high - e["measured"], f"{name}<br>{cls} {label}: "
-                                                 f"{e['error_pct']:.1f}% off"))
+                                                 f"{e['error_pct']:.1f}% off{runs}"))
     fig = go.Figure()
     values = [v for rows in points.values() for row in rows for v in row[:2]]
     if values:
