@@ -60,14 +60,11 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # and pass its `profile.json` to `pdlab sim validate` or a sim spec.
 
 # %%
-from pdlab.report import validation_figure
+from pdlab.report import validation_figure, validation_summary
 from pdlab.sim.validate import latest_validation
 
 recorded = latest_validation()
-print(f"{recorded['within_goal']}/{recorded['metrics']} metrics within 10%, median error "
-      f"{recorded['median_error_pct']:.1f}%, max {recorded['max_error_pct']:.1f}%; within the 95% interval: "
-      f"{recorded['sampling']['simulator_within_ci']}/{recorded['sampling']['metrics']}; within 10% or between "
-      f"the runs' own values: {recorded['each_run']['within_goal_or_between']}/{recorded['each_run']['metrics']}")
+print(validation_summary(recorded))
 validation_figure(recorded)
 
 # %% [markdown]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pdlab.report import itl_cdf_figure, sweep_figure, timeline_figure, ttft_by_class_figure, validation_figure
+from pdlab.report import (
+    itl_cdf_figure,
+    sweep_figure,
+    timeline_figure,
+    ttft_by_class_figure,
+    validation_figure,
+    validation_summary,
+)
 from tests.test_metrics import timeline
 
 
@@ -68,3 +75,13 @@ def test_validation_figure_puts_each_metric_at_measured_simulated_with_its_inter
     assert "each run's own: 18.5, 21.0, 14.0" in by_name["ITL p99"].text[0]
     assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
 
+
+
+def test_validation_summary_says_what_the_record_holds():
+    bare = {"goal_pct": 10.0, "within_goal": 3, "metrics": 4, "median_error_pct": 4.04, "max_error_pct": 23.44,
+            "sampling": None, "each_run": None}
+    assert validation_summary(bare) == "3/4 metrics within 10%, median error 4.0%, max 23.4%"
+    full = bare | {"sampling": {"simulator_within_ci": 2, "metrics": 4},
+                   "each_run": {"runs": 3, "simulator_between": 1, "within_goal_or_between": 4, "metrics": 4}}
+    assert validation_summary(full) == ("3/4 metrics within 10%, median error 4.0%, max 23.4%; inside the measured 95% "
+                                        "interval: 2/4; within 10% or between the 3 runs' own values: 4/4")

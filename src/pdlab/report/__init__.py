@@ -9,6 +9,7 @@ from pdlab.report.figures import (
     timeline_figure,
     ttft_by_class_figure,
     validation_figure,
+    validation_summary,
 )
 from pdlab.report.html import headline_table, write_report
 
@@ -21,5 +22,6 @@ __all__ = [
     "timeline_figure",
     "ttft_by_class_figure",
     "validation_figure",
+    "validation_summary",
     "write_report",
 ]

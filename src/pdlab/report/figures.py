@@ -168,9 +168,24 @@ def validation_figure(result: dict, goal_pct: float | None = None,
     return fig
 
 
+def validation_summary(result: dict) -> str:
+    """One line of `pdlab sim validate`'s result: within the goal, median and max error, and (where the record has
+    them) inside the measured 95% interval and within the goal or between the runs' own values."""
+    goal = result.get("goal_pct", 10.0)
+    parts = [f"{result['within_goal']}/{result['metrics']} metrics within {goal:.0f}%, median error "
+             f"{result['median_error_pct']:.1f}%, max {result['max_error_pct']:.1f}%"]
+    if sampling := result.get("sampling"):
+        parts.append(f"inside the measured 95% interval: {sampling['simulator_within_ci']}/{sampling['metrics']}")
+    if each := result.get("each_run"):
+        parts.append(f"within {goal:.0f}% or between the {each['runs']} runs' own values: "
+                     f"{each['within_goal_or_between']}/{each['metrics']}")
+    return "; ".join(parts)
+
+
 def counts_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Requests per class and status (for the report's table)."""
     return rows.pivot_table(index="cls", columns="status", values="request_id", aggfunc="count", fill_value=0)
 
 
-__all__ = ["counts_table", "itl_cdf_figure", "sweep_figure", "timeline_figure", "ttft_by_class_figure"]
+__all__ = ["counts_table", "itl_cdf_figure", "sweep_figure", "timeline_figure", "ttft_by_class_figure",
+           "validation_figure", "validation_summary"]
