@@ -57,7 +57,8 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # runs' own value: where a point misses the band, do the runs agree with each other? This is the recorded validation;
 # `docs/simulator.md` says which points miss and why. To fit and validate the simulator on *your* machine, run
 # `pdlab sim sitting` in a terminal (about 1.5 hours on 2 cores; `--quick` tries the procedure in about 20 minutes)
-# and pass its `profile.json` to `pdlab sim validate` or a sim spec.
+# and pass its `profile.json` to `pdlab sim validate` or a sim spec. Before running any lab for real,
+# `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
 
 # %%
 from pdlab.report import validation_figure, validation_summary

