@@ -68,6 +68,11 @@ def test_the_cli_prints_every_point_and_refuses_what_it_cannot_simulate(tmp_path
     found = json.loads(result.output)
     assert list(found["points"]) == ["colocated", "baseline", "colocated_chunked", "disaggregated"]
     assert "long" not in found["points"]["baseline"] and found["points"]["disaggregated"]["seeds"] == 2
+    # What the simulator leaves out is said where a lab relies on it.
+    strategies = runner.invoke(app, ["sim", "lab", str(LABS / "routing-strategies.yaml"), "--quick", "--seeds", "1"])
+    assert strategies.exit_code == 0 and "Prefix caching is not simulated" in " ".join(strategies.output.split())
+    assert "Prefix caching" not in " ".join(runner.invoke(app, ["sim", "lab", str(LABS / "hol-blocking.yaml"),
+                                                                "--quick", "--seeds", "1"]).output.split())
     # A lab spec given to `sim run` says where it goes; a lab with nothing to compare, an unknown scenario and an
     # unknown profile are named.
     wrong = runner.invoke(app, ["sim", "run", str(LABS / "hol-blocking.yaml")])
