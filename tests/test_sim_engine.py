@@ -391,3 +391,36 @@ def test_kv_capacity_from_memory_and_model_that_does_not_fit() -> None:
     assert prepared.kv_capacity > 100_000
     with pytest.raises(ValueError, match="tensor_parallel"):
         prepare(spec(model="Llama-3.1-70B", hardware="L40S"))
+
+
+def test_a_prefix_cache_skips_the_leading_blocks_the_instance_computed_before() -> None:
+    """With prefix caching a prompt prefills only what follows its leading blocks found in the instance's cache
+    (at least its last token, whose logits vLLM needs); without the cache, or once its blocks are evicted (least
+    recently used first, at the KV capacity), it computes everything again."""
+    from collections import OrderedDict
+
+    blocks = (11, 12, 13, 14, 15, 16)  # six 16-token blocks: 96 of a 100-token prompt
+    others = (21, 22, 23, 24, 25, 26)
+
+    def last_ttft(hashes: tuple[int, ...], *, before: tuple[tuple[int, ...], ...] = (blocks,), caching: bool = True,
+                  kv_capacity: int = 100_000, prompt: int = 100) -> float:
+        inst = Instance(name="c", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=kv_capacity,
+                        prefix_cache=OrderedDict() if caching else None, block_size=16)
+        sim = Simulation(router=RouterSettings(threshold=100_000), colocated=[inst])
+        done = sim.run([Arrival(10.0 * i, prompt, 1, "short", prefix_hashes=earlier)
+                        for i, earlier in enumerate(before)]
+                       + [Arrival(10.0 * len(before), prompt, 1, "short", prefix_hashes=hashes)])
+        assert done[0].cached == 0
+        return float(token_times(done[-1])[0]) - 10.0 * len(before)
+
+    def chunk_after(cached: int, tokens: int) -> float:
+        return COST.step_time(tokens, chunk_attention(tokens, cached), 0, 0, 0.0)
+
+    assert last_ttft(blocks, caching=False) == pytest.approx(first_chunk(100))
+    assert last_ttft(blocks) == pytest.approx(chunk_after(96, 4))
+    assert last_ttft(blocks[:3] + (97, 98, 99)) == pytest.approx(chunk_after(48, 52))  # a shared beginning
+    assert last_ttft((97, *blocks[1:])) == pytest.approx(first_chunk(100))  # chained hashes: no leading match
+    assert last_ttft(blocks, prompt=96) == pytest.approx(chunk_after(95, 1))  # the last token is computed again
+    # 150 tokens of KV hold 9 blocks: another prompt's six push out the first three of ours, and with them the match.
+    assert last_ttft(blocks, before=(blocks, others), kv_capacity=150) == pytest.approx(first_chunk(100))
+    assert last_ttft(blocks, before=(blocks, others)) == pytest.approx(chunk_after(96, 4))

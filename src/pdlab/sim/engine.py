@@ -14,7 +14,7 @@ own prompts before it posts its KV read; the router's threshold and replica choi
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +37,8 @@ class SimRequest:
     path: str = "direct"
     computed: int = 0
     """Prompt tokens already prefilled."""
+    cached: int = 0
+    """Of those, tokens the instance's prefix cache held when the prefill started (not computed again)."""
     reserved: int = 0
     """KV tokens reserved on the instance currently holding it."""
     prefill_instance: str | None = None
@@ -103,6 +105,35 @@ class Instance:
     busy: bool = False
     """Computing a step."""
     step_done: simpy.Event | None = None
+    prefix_cache: OrderedDict | None = None
+    """With prefix caching: block hashes whose KV the instance holds, least recently used first (at most
+    `kv_capacity` tokens' worth; vLLM keeps freed blocks until it needs their space)."""
+    block_size: int = 16
+
+    def cached_prefix(self, request: SimRequest) -> int:
+        """Prompt tokens of `request` whose KV this instance holds: its leading blocks found in the prefix cache,
+        short of the prompt's last token (which vLLM always computes, for its logits). Touches the blocks hit."""
+        cache = self.prefix_cache
+        if cache is None:
+            return 0
+        hits = 0
+        for block in request.arrival.prefix_hashes:  # chained hashes: only a leading run can be reused
+            if block not in cache:
+                break
+            cache.move_to_end(block)
+            hits += 1
+        return min(hits * self.block_size, request.arrival.prompt_tokens - 1)
+
+    def keep_prefix(self, request: SimRequest) -> None:
+        """Remember a prefilled prompt's blocks, evicting the least recently used beyond the cache's capacity."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        for block in request.arrival.prefix_hashes:
+            cache[block] = None
+            cache.move_to_end(block)
+        while len(cache) > max(self.kv_capacity // self.block_size, 1):
+            cache.popitem(last=False)
     """Fired when the step being computed ends, for whoever waits on it; made on demand."""
     busy_since: float = 0.0
     """When its current stretch of back-to-back steps began (the sender's wake-ups run from there)."""
@@ -300,6 +331,7 @@ class Simulation:
             request.reserved = need
             inst.prefilling += 1
             request.prefill_start = self.now
+            request.computed = request.cached = inst.cached_prefix(request)
             chunks.append((request, min(request.arrival.prompt_tokens - request.computed, budget)))
             budget -= chunks[-1][1]
             started += 1
@@ -330,6 +362,7 @@ class Simulation:
             inst.prefill_queue.popleft()  # completed prefills are always at the head (FCFS chunks)
             inst.prefilling -= 1
             request.prefill_end = now
+            inst.keep_prefix(request)
             if inst.role == "prefill":
                 inst.in_flight -= 1
                 self._prefill_done(inst, request)

@@ -14,7 +14,13 @@ from pdlab.config.lab import LabSpec
 from pdlab.config.sim import SimSpec
 from pdlab.experiment.lab import LabError, quick_workload
 from pdlab.experiment.runner import BASELINE
-from pdlab.settings import VALIDATION_SEEDS, VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS
+from pdlab.router.strategies import block_hashes
+from pdlab.settings import (
+    VALIDATION_SEEDS,
+    VLLM_CPU_BLOCK_SIZE,
+    VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
+    VLLM_CPU_MAX_NUM_SEQS,
+)
 from pdlab.sim.scenario import build, prepare, summarize_requests
 from pdlab.sim.validate import seed_mean
 from pdlab.sim.workload import SimRequestSpec, SimWorkload, arrivals
@@ -22,7 +28,8 @@ from pdlab.sim.workload import SimRequestSpec, SimWorkload, arrivals
 #: The profile a local lab is simulated with unless told otherwise: the one fitted through the simulator.
 DEFAULT_LAB_PROFILE = "pdlab-small-fitted"
 #: What a local lab's vLLM (vllm-cpu) uses where its spec sets nothing.
-CPU_ENGINE_DEFAULTS = {"max_num_batched_tokens": VLLM_CPU_MAX_NUM_BATCHED_TOKENS, "max_num_seqs": VLLM_CPU_MAX_NUM_SEQS}
+CPU_ENGINE_DEFAULTS = {"max_num_batched_tokens": VLLM_CPU_MAX_NUM_BATCHED_TOKENS, "max_num_seqs": VLLM_CPU_MAX_NUM_SEQS,
+                       "block_size": VLLM_CPU_BLOCK_SIZE}
 
 
 @dataclass(frozen=True)
@@ -43,9 +50,27 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
     workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
     if workload is None:
         raise LabError(f"lab {lab.name!r} has no `workload` to simulate")
-    schedule = build_schedule(workload, PromptBuilder(model_dir))
-    return [SimRequestSpec(at_s=item.offset_s, prompt_tokens=item.prompt_tokens, output_tokens=item.max_tokens,
-                           cls=item.cls) for item in schedule]
+    builder = PromptBuilder(model_dir)
+    schedule = build_schedule(workload, builder)
+    caching = any(inst.engine.enable_prefix_caching for spec in lab.scenarios.values() for inst in spec.instances)
+    requests = []
+    for item in schedule:
+        hashes: tuple[int, ...] = ()
+        if caching:  # the prompt's blocks as the router hashes them (and vLLM's prefix cache keys them)
+            prompt = (builder.counter.chat([{"role": "user", "content": item.prompt}]) if workload.api == "chat"
+                      else builder.counter.completion(item.prompt))
+            hashes = block_hashes(prompt.token_ids, _block_size(lab))
+        requests.append(SimRequestSpec(at_s=item.offset_s, prompt_tokens=item.prompt_tokens,
+                                       output_tokens=item.max_tokens, cls=item.cls, prefix_hashes=list(hashes)))
+    return requests
+
+
+def _block_size(lab: LabSpec) -> int:
+    sizes = {inst.engine.block_size or VLLM_CPU_BLOCK_SIZE
+             for spec in lab.scenarios.values() for inst in spec.instances}
+    if len(sizes) != 1:
+        raise LabError(f"lab {lab.name!r} mixes KV block sizes {sorted(sizes)}: its prompts hash one way")
+    return sizes.pop()
 
 
 def lab_points(lab: LabSpec, requests: Sequence[SimRequestSpec], *, profile: str = DEFAULT_LAB_PROFILE,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,9 @@ def build(prepared: Prepared, seed: int = 0) -> Simulation:
 
     def instance(name: str, role: str) -> Instance:
         inst = Instance(name=name, role=role, cost=prepared.cost, budget=engine.max_num_batched_tokens,
-                        max_seqs=engine.max_num_seqs, kv_capacity=prepared.kv_capacity)
+                        max_seqs=engine.max_num_seqs, kv_capacity=prepared.kv_capacity,
+                        prefix_cache=OrderedDict() if engine.enable_prefix_caching else None,
+                        block_size=engine.block_size)
         if role == "prefill":
             inst.link = LinkQueue(TransferCost(prepared.link, prepared.model.kv_bytes_per_token(spec.dtype_bytes),
                                                prepared.model.num_layers, spec.link.concurrency,
