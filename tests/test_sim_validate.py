@@ -422,3 +422,24 @@ def test_a_prefill_probe_needs_runs_to_fit_with(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "needs run directories" in result.output
     result = CliRunner().invoke(app, ["sim", "calibrate", str(tmp_path)])
     assert result.exit_code == 2 and "go with --from-runs" in " ".join(result.output.split())  # rich wraps
+
+
+def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(tmp_path: Path) -> None:
+    """The run's replica strategies reach the replay; prefix caching cannot (rows hold no prompts to hash), so such
+    a run is refused with where to turn instead."""
+    from pdlab.sim.validate import replay_of
+
+    profile = write_profile(tmp_path / "profile.json", TRUTH)
+    run = make_run(tmp_path / "run", profile, {"colocated": 2})
+    summary = json.loads((run / "summary.json").read_text())
+    summary["deployment"]["router"] = {"threshold": 1024, "decode_strategy": "leastloaded"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert replay_of(run, profile, model="pdlab-small").spec.router.decode_strategy == "leastloaded"
+    for inst in summary["deployment"]["instances"]:
+        inst["engine"] = {**inst["engine"], "enable_prefix_caching": True}
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RunDirError, match="cached prompt prefixes.*pdlab sim lab"):
+        replay_of(run, profile, model="pdlab-small")
+    cli = CliRunner().invoke(app, ["sim", "validate", str(run), "--profile", str(profile), "--out",
+                                   str(tmp_path / "out"), "--no-results-copy"])
+    assert cli.exit_code == 2 and "pdlab sim lab" in " ".join(cli.output.split()), cli.output

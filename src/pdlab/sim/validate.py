@@ -71,6 +71,10 @@ class RunShape:
     max_num_batched_tokens: int = VLLM_CPU_MAX_NUM_BATCHED_TOKENS
     """vLLM's own default where the run's engine settings left it unset (the runs validated are local, CPU)."""
     max_num_seqs: int = VLLM_CPU_MAX_NUM_SEQS
+    prefill_strategy: str = "roundrobin"
+    decode_strategy: str = "roundrobin"
+    prefix_caching: bool = False
+    """Whether the run's instances cached prefixes (a replay from rows cannot: they hold no prompts to hash)."""
 
 
 def _rows_file(run_dir: Path) -> Path:
@@ -175,9 +179,13 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
             shape.max_num_batched_tokens = int(engine["max_num_batched_tokens"])
         if engine.get("max_num_seqs"):
             shape.max_num_seqs = int(engine["max_num_seqs"])
+        shape.prefix_caching |= bool(engine.get("enable_prefix_caching"))
     router = summary.get("router") or deployment.get("router") or {}
     if router.get("threshold") is not None:
         shape.threshold = int(router["threshold"])
+    for pool in ("prefill_strategy", "decode_strategy"):
+        if router.get(pool):
+            setattr(shape, pool, str(router[pool]))
     if not instances:
         disaggregated = summary.get("scenario") == "disaggregated" or any(r.path == "disaggregated" for r in rows)
         if disaggregated:
@@ -253,6 +261,10 @@ class Replay:
 def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> Replay:
     rows, summary = read_run(run_dir)
     shape = shape or infer_shape(rows, summary)
+    if shape.prefix_caching:
+        raise RunDirError(f"{run_dir}: its instances cached prompt prefixes, and a replay from its rows has no "
+                          "prompts to find shared prefixes in; `pdlab sim lab LAB.yaml` simulates the lab's own "
+                          "schedule with its prefixes")
     origin = min(r.start for r in rows)
     arrivals = sorted((Arrival(r.start - origin, r.prompt_tokens, r.output_tokens, r.cls) for r in rows),
                       key=lambda a: a.at_s)
@@ -261,7 +273,8 @@ def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | Non
         "link": {"name": "local-loopback"},
         "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
         "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs},
-        "router": {"threshold": shape.threshold},
+        "router": {"threshold": shape.threshold, "prefill_strategy": shape.prefill_strategy,
+                   "decode_strategy": shape.decode_strategy},
         "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
                                    "output_tokens": a.output_tokens, "cls": a.cls} for a in arrivals]},
     })
