@@ -122,6 +122,25 @@ panel.widget
 dep.stop()  # stops it only if this notebook started it
 
 # %% [markdown]
+# ## 3. Replica strategies where prompts share prefixes (simulated)
+#
+# This deployment has one decode replica, so the strategies have nothing to choose between. The
+# routing-strategies lab has two colocated replicas with prefix caching and a trace whose prompts share long
+# beginnings: sent where its beginning was computed before, a prompt prefills only the rest. `pdlab run
+# labs/routing-strategies.yaml` measures it in a few minutes; the simulator replays the same schedule, with the
+# router's own strategy code and the prompts' block hashes, in a fraction of a second.
+
+# %%
+from pdlab.config import load_lab
+from pdlab.model import resolve
+from pdlab.settings import repo_root
+from pdlab.sim.lab import points_frame, simulate_lab
+
+strategies = simulate_lab(load_lab(repo_root() / "labs" / "routing-strategies.yaml"),
+                          model_dir=resolve("pdlab-small"))
+points_frame(strategies)
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Slide the threshold down to 0: every prompt, short ones too, goes prefill -> decode. What happens to the
@@ -129,4 +148,5 @@ dep.stop()  # stops it only if this notebook started it
 # 2. Raise the rate until the short p99 ITL climbs even with long prompts disaggregated. Which instance is now
 #    the bottleneck?
 # 3. Set both pools to `session` and send requests with a `user` field (`httpx.post(dep.router_url + ...)`).
-#    Why does a sticky strategy matter on a cluster with a prefix cache, and not here?
+#    Why does a sticky strategy matter on a cluster with a prefix cache, and not here? (Section 3's table says
+#    how much; `pdlab run labs/routing-strategies.yaml` measures it.)

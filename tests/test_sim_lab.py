@@ -107,3 +107,15 @@ def test_replica_choice_on_shared_prefixes_pays_off_through_the_prefix_cache(sma
     plain = {name: simulate(spec.model_copy(update={"engine": spec.engine.model_copy(
         update={"enable_prefix_caching": False})}))[0]["short"]["ttft_ms"]["p50"] for name, spec in points.items()}
     assert max(plain.values()) == pytest.approx(min(plain.values()), rel=0.05), plain
+
+
+def test_points_read_as_one_table_row_per_point_and_class() -> None:
+    from pdlab.sim.lab import points_frame
+
+    points = {"a": {"requests": 3, "seeds": 1,
+                    "short": {"count": 2, "ttft_ms": {"p50": 10.0, "p99": 20.0}, "itl_ms": {"p50": 1.0, "p99": 2.0}},
+                    "long": {"count": 1, "ttft_ms": {"p50": 900.0, "p99": 950.0}, "itl_ms": {"p50": 3.0}}}}
+    frame = points_frame(points)
+    assert list(frame.index) == [("a", "short"), ("a", "long")]
+    assert frame.loc[("a", "short"), "TTFT p99 ms"] == 20.0 and frame.loc[("a", "long"), "requests"] == 1
+    assert frame.loc[("a", "long"), "ITL p99 ms"] is None or frame.isna().loc[("a", "long"), "ITL p99 ms"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pandas as pd
+
 from pdlab.config.lab import LabSpec
 from pdlab.config.sim import SimSpec
 from pdlab.experiment.lab import LabError, quick_workload
@@ -128,3 +130,12 @@ def _needs_scenarios(lab: LabSpec) -> None:
     if not lab.scenarios:
         raise LabError(f"lab {lab.name!r} has no `scenarios` to simulate (a lab with one `deployment` is brought "
                        "up with `pdlab up`; `pdlab sim run` takes a sim spec such as labs/sim/local-hol.yaml)")
+
+
+def points_frame(points: dict[str, dict]) -> pd.DataFrame:
+    """`simulate_lab`'s result as a table: one row per point and class, requests and p50/p99 TTFT and ITL (ms)."""
+    rows = [{"point": name, "class": cls, "requests": metrics["count"],
+             **{f"{metric.removesuffix('_ms').upper()} {pct} ms": metrics[metric].get(pct)
+                for metric in ("ttft_ms", "itl_ms") for pct in ("p50", "p99")}}
+            for name, point in points.items() for cls, metrics in point.items() if isinstance(metrics, dict)]
+    return pd.DataFrame(rows).set_index(["point", "class"])
