@@ -55,13 +55,14 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
     builder = PromptBuilder(model_dir)
     schedule = build_schedule(workload, builder)
     caching = any(inst.engine.enable_prefix_caching for spec in lab.scenarios.values() for inst in spec.instances)
+    block_size = _block_size(lab) if caching else 0
     requests = []
     for item in schedule:
         hashes: tuple[int, ...] = ()
         if caching:  # the prompt's blocks as the router hashes them (and vLLM's prefix cache keys them)
             prompt = (builder.counter.chat([{"role": "user", "content": item.prompt}]) if workload.api == "chat"
                       else builder.counter.completion(item.prompt))
-            hashes = block_hashes(prompt.token_ids, _block_size(lab))
+            hashes = block_hashes(prompt.token_ids, block_size)
         requests.append(SimRequestSpec(at_s=item.offset_s, prompt_tokens=item.prompt_tokens,
                                        output_tokens=item.max_tokens, cls=item.cls, prefix_hashes=list(hashes)))
     return requests
