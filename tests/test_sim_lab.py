@@ -119,3 +119,44 @@ def test_points_read_as_one_table_row_per_point_and_class() -> None:
     assert list(frame.index) == [("a", "short"), ("a", "long")]
     assert frame.loc[("a", "short"), "TTFT p99 ms"] == 20.0 and frame.loc[("a", "long"), "requests"] == 1
     assert frame.loc[("a", "long"), "ITL p99 ms"] is None or frame.isna().loc[("a", "long"), "ITL p99 ms"]
+
+
+def test_a_prefix_caching_run_is_replayed_with_its_prompts_hashes(tmp_path: Path, small_model: str) -> None:
+    """A run of the routing-strategies lab as pdlab leaves it (rows, schedule.jsonl, the deployment): the replay
+    hashes the prompts it sent and caches prefixes as its instances did, so replaying a run the simulator made
+    under the same profile gives its own percentiles back."""
+    from pdlab.load.rows import RowWriter
+    from pdlab.load.schedule import write_schedule
+    from pdlab.settings import data_dir
+    from pdlab.sim.summary import token_times
+    from pdlab.sim.validate import replay_of, validate_runs
+
+    lab = load_lab(LABS / "routing-strategies.yaml")
+    requests = lab_requests(lab, model_dir=small_model)
+    [point] = lab_points(lab, requests, only=["prefixaware"])
+    _, sim = simulate(point.spec)
+    run = tmp_path / "prefixaware"
+    (run / "deployment").mkdir(parents=True)
+    write_schedule(build_schedule(lab.workload, PromptBuilder(small_model)), run / "schedule.jsonl")
+    (run / "deployment" / "deployment.json").write_text(
+        json.dumps({"spec": lab.scenarios["prefixaware"].model_dump(mode="json")}))
+    writer = RowWriter(run / "rows.csv")
+    for i, r in enumerate(sim.requests):  # simulated requests keep the schedule's order (r00000, ...)
+        times = token_times(r) - r.arrival.at_s
+        writer.write({"request_id": f"r{i:05d}", "cls": r.arrival.cls, "scheduled_s": r.arrival.at_s,
+                      "start_s": r.arrival.at_s, "late_s": 0.0, "start_time": 1e9 + r.arrival.at_s,
+                      "prompt_tokens": r.arrival.prompt_tokens, "max_tokens": r.arrival.output_tokens,
+                      "usage_completion_tokens": r.arrival.output_tokens, "token_times": list(times),
+                      "end_s": float(times[-1]), "path": r.path, "http_status": 200, "status": "ok"})
+    writer.close()
+    profile = data_dir() / "catalog" / "profiles" / "pdlab-small-fitted.json"
+    replay = replay_of(run, profile, model="pdlab-small")
+    assert replay.spec.engine.enable_prefix_caching and replay.spec.router.decode_strategy == "prefixaware"
+    assert sorted(tuple(r.prefix_hashes) for r in replay.spec.workload.requests) == \
+        sorted(tuple(r.prefix_hashes) for r in requests)
+    report = validate_runs([run], profile, model="pdlab-small", seeds=1)
+    assert report["max_error_pct"] < 1, report["runs"][0]["errors"]
+    # Without its schedule the replay cannot find the prefixes, and says where to turn.
+    (run / "schedule.jsonl").unlink()
+    with pytest.raises(ValueError, match="schedule.jsonl.*pdlab sim lab"):
+        replay_of(run, profile, model="pdlab-small")

@@ -28,6 +28,7 @@ from pdlab.load.rows import read_rows
 from pdlab.settings import (
     DEFAULT_ROUTING_THRESHOLD,
     VALIDATION_SEEDS,
+    VLLM_CPU_BLOCK_SIZE,
     VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
     VLLM_CPU_MAX_NUM_SEQS,
 )
@@ -58,6 +59,7 @@ class MeasuredRequest:
     output_tokens: int
     token_times: list[float]
     path: str | None = None
+    request_id: str | None = None
 
 
 @dataclass
@@ -74,7 +76,8 @@ class RunShape:
     prefill_strategy: str = "roundrobin"
     decode_strategy: str = "roundrobin"
     prefix_caching: bool = False
-    """Whether the run's instances cached prefixes (a replay from rows cannot: they hold no prompts to hash)."""
+    """Whether the run's instances cached prefixes: its replay hashes the prompts of its `schedule.jsonl`."""
+    block_size: int = VLLM_CPU_BLOCK_SIZE
 
 
 def _rows_file(run_dir: Path) -> Path:
@@ -111,7 +114,8 @@ def _read_pdlab_rows(path: Path) -> list[MeasuredRequest]:
     frame = frame[frame["status"] == "ok"]
     return [MeasuredRequest(start=float(r.start_s), cls=str(r.cls), prompt_tokens=int(r.prompt_tokens),
                             output_tokens=int(r.usage_completion_tokens or r.max_tokens),
-                            token_times=[float(r.start_s) + t for t in r.token_times], path=str(r.path) or None)
+                            token_times=[float(r.start_s) + t for t in r.token_times], path=str(r.path) or None,
+                            request_id=str(r.request_id))
             for r in frame.itertuples()]
 
 
@@ -180,6 +184,8 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
         if engine.get("max_num_seqs"):
             shape.max_num_seqs = int(engine["max_num_seqs"])
         shape.prefix_caching |= bool(engine.get("enable_prefix_caching"))
+        if engine.get("block_size"):
+            shape.block_size = int(engine["block_size"])
     router = summary.get("router") or deployment.get("router") or {}
     if router.get("threshold") is not None:
         shape.threshold = int(router["threshold"])
@@ -261,24 +267,59 @@ class Replay:
 def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> Replay:
     rows, summary = read_run(run_dir)
     shape = shape or infer_shape(rows, summary)
-    if shape.prefix_caching:
-        raise RunDirError(f"{run_dir}: its instances cached prompt prefixes, and a replay from its rows has no "
-                          "prompts to find shared prefixes in; `pdlab sim lab LAB.yaml` simulates the lab's own "
-                          "schedule with its prefixes")
+    hashes = _prefix_hashes(run_dir, rows, summary, shape.block_size) if shape.prefix_caching else {}
     origin = min(r.start for r in rows)
-    arrivals = sorted((Arrival(r.start - origin, r.prompt_tokens, r.output_tokens, r.cls) for r in rows),
+    arrivals = sorted((Arrival(r.start - origin, r.prompt_tokens, r.output_tokens, r.cls,
+                               prefix_hashes=hashes.get(r.request_id, ())) for r in rows),
                       key=lambda a: a.at_s)
     spec = SimSpec.model_validate({
         "name": run_dir.name, "model": model, "profile": str(profile), "dtype_bytes": 4,
         "link": {"name": "local-loopback"},
         "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
-        "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs},
+        "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs,
+                   "enable_prefix_caching": shape.prefix_caching, "block_size": shape.block_size},
         "router": {"threshold": shape.threshold, "prefill_strategy": shape.prefill_strategy,
                    "decode_strategy": shape.decode_strategy},
         "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
-                                   "output_tokens": a.output_tokens, "cls": a.cls} for a in arrivals]},
+                                   "output_tokens": a.output_tokens, "cls": a.cls,
+                                   "prefix_hashes": list(a.prefix_hashes)} for a in arrivals]},
     })
     return Replay(run_dir, rows, shape, spec, arrivals, measured_metrics(rows))
+
+
+def _prefix_hashes(run_dir: Path, rows: list[MeasuredRequest], summary: dict, block_size: int
+                   ) -> dict[str | None, tuple[int, ...]]:
+    """Each request's prompt blocks, hashed as the router hashes them, from the prompts the load generator sent
+    (`schedule.jsonl`, by request id) and the run's model's tokenizer: what a replay of a prefix-caching run needs."""
+    from pdlab.load.schedule import read_schedule
+    from pdlab.model import ModelError, resolve
+    from pdlab.router.strategies import block_hashes
+    from pdlab.router.tokens import PromptTokenizer
+
+    schedule_path = run_dir / "schedule.jsonl"
+    model = ((summary.get("deployment") or {}).get("model") or {}).get("name")
+    if not schedule_path.exists() or model is None or any(r.request_id is None for r in rows):
+        raise RunDirError(f"{run_dir}: its instances cached prompt prefixes; a replay finds the shared prefixes in "
+                          "the prompts pdlab's load generator sent (schedule.jsonl, by request id, and the "
+                          "deployment's model), which this run does not have. `pdlab sim lab LAB.yaml` simulates "
+                          "the lab's own schedule")
+    try:
+        tokenizer = PromptTokenizer(resolve(model, make=False))
+    except ModelError as error:
+        raise RunDirError(f"{run_dir}: its prompts are hashed with the model's tokenizer: {error}") from None
+    workload_path = next((p for p in (run_dir / "workload.json", run_dir.parent / "workload.json") if p.exists()),
+                         None)
+    api = json.loads(workload_path.read_text()).get("api", "completions") if workload_path else "completions"
+    prompts = {item.request_id: item.prompt for item in read_schedule(schedule_path)}
+    out = {}
+    for row in rows:
+        prompt = prompts.get(row.request_id or "")
+        if prompt is None:
+            raise RunDirError(f"{run_dir}: request {row.request_id} is not in schedule.jsonl")
+        tokens = (tokenizer.chat([{"role": "user", "content": prompt}]) if api == "chat"
+                  else tokenizer.completion(prompt))
+        out[row.request_id] = block_hashes(tokens.token_ids, block_size)
+    return out
 
 
 def compare(measured: dict, simulated: dict) -> dict:
