@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from pdlab.config.workload import Api
 from pdlab.router.tokens import PromptError as RouterPromptError
-from pdlab.router.tokens import PromptTokenizer
+from pdlab.router.tokens import PromptTokenizer, TokenizedPrompt
 from pdlab.settings import data_dir
 
 
@@ -34,6 +34,14 @@ def corpus_words(path: Path | None = None) -> list[str]:
     if not words:
         raise PromptError(f"{path} holds no words")
     return words
+
+
+def as_sent(tokenizer: PromptTokenizer, prompt: str, api: Api = "completions") -> TokenizedPrompt:
+    """`prompt` tokenized as vLLM and the router see it when pdlab's load generator sends it: completion text, or
+    one user message rendered with the chat template."""
+    if api == "chat":
+        return tokenizer.chat([{"role": "user", "content": prompt}])
+    return tokenizer.completion(prompt)
 
 
 class PromptBuilder:
@@ -65,9 +73,7 @@ class PromptBuilder:
 
     def count(self, prompt: str, api: Api = "completions") -> int:
         try:
-            if api == "chat":
-                return self.counter.chat([{"role": "user", "content": prompt}]).count
-            return self.counter.completion(prompt).count
+            return as_sent(self.counter, prompt, api).count
         except RouterPromptError as error:
             raise PromptError(str(error)) from None
 

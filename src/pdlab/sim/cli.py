@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Column, Table
 
+from pdlab.config.base import ConfigError
 from pdlab.settings import VALIDATION_SEEDS
 from pdlab.sim.costs import DEFAULT_PREMIUM
 
@@ -21,22 +22,27 @@ console = Console()
 
 
 def _load_spec(path: Path):
-    from pdlab.config.base import ConfigError, load_yaml
+    from pdlab.config.base import load_yaml
     from pdlab.config.sim import SimSpec
 
     try:
-        raw = yaml.safe_load(path.read_text()) if path.is_file() else None
-    except yaml.YAMLError:
-        raw = None  # load_yaml says where the YAML is broken
-    try:
-        if isinstance(raw, dict) and ("scenarios" in raw or "deployment" in raw) and "pools" not in raw:
-            raise ConfigError(str(path), [("(top level)", f"a lab spec (`pdlab run` measures it): `pdlab sim lab "
-                                               f"{path}` simulates its scenarios; `pdlab sim run` takes a sim spec "
-                                               "such as labs/sim/local-hol.yaml")])
         return load_yaml(path, SimSpec)
     except ConfigError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {_lab_spec_instead(path, error)}")
         raise typer.Exit(code=2) from None
+
+
+def _lab_spec_instead(path: Path, error: ConfigError) -> ConfigError:
+    """`error`, or where the file is a lab spec (one that parsed, with `scenarios` or a `deployment` and no
+    `pools`), where to take it instead."""
+    if any(where in ("(file)", "(yaml)") for where, _ in error.problems):
+        return error
+    raw = yaml.safe_load(path.read_text())
+    if isinstance(raw, dict) and ("scenarios" in raw or "deployment" in raw) and "pools" not in raw:
+        return ConfigError(str(path), [("(top level)", f"a lab spec (`pdlab run` measures it): `pdlab sim lab "
+                                                       f"{path}` simulates its scenarios; `pdlab sim run` takes a "
+                                                       "sim spec such as labs/sim/local-hol.yaml")])
+    return error
 
 
 def _fmt(value) -> str:
@@ -93,7 +99,6 @@ def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.y
     """Simulate what `pdlab run LAB.yaml` would measure (each scenario, sweep value and the baseline) on the same
     schedule, in seconds: a preview of the lab, and what `pdlab sim validate` later compares the run with."""
     from pdlab.config import load_lab
-    from pdlab.config.base import ConfigError
     from pdlab.experiment.lab import LabError
     from pdlab.model import ModelError, resolve
     from pdlab.sim.lab import DEFAULT_LAB_PROFILE, simulate_lab
@@ -171,7 +176,6 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
     from pdlab.benchmarks.prefill import load_points
     from pdlab.benchmarks.streams import load_points as load_streams_points
     from pdlab.benchmarks.transfer import load_gap_cv
-    from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
     from pdlab.sim.calibrate import CalibrationGrid, calibrate, fit_to_runs
     from pdlab.sim.validate import RunDirError
@@ -275,7 +279,6 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  results_copy: bool = typer.Option(
                      True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
-    from pdlab.config.base import ConfigError
     from pdlab.settings import data_dir
     from pdlab.sim.scenario import resolve_profile
     from pdlab.sim.validate import RunDirError, infer_shape, read_run, validate_runs
@@ -413,7 +416,6 @@ def steps_cmd(runs: list[Path] = typer.Argument(..., help="Measured run director
               as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
     """Read a run's decode steps back from its streamed tokens, and the simulator's for the same arrivals: per
     batch size, the steps each side took, how long, and the profile's price for the measured ones."""
-    from pdlab.config.base import ConfigError
     from pdlab.sim.scenario import resolve_profile
     from pdlab.sim.steps import steps_of_run
     from pdlab.sim.validate import RunDirError

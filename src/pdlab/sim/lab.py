@@ -46,7 +46,7 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
                  ) -> list[SimRequestSpec]:
     """The requests `pdlab run` would send (the same schedule: `pdlab.load.schedule`, prompts sized with the model's
     tokenizer), as the simulator's workload."""
-    from pdlab.load.prompts import PromptBuilder
+    from pdlab.load.prompts import PromptBuilder, as_sent
     from pdlab.load.schedule import build_schedule
 
     workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
@@ -60,9 +60,7 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
     for item in schedule:
         hashes: tuple[int, ...] = ()
         if caching:  # the prompt's blocks as the router hashes them (and vLLM's prefix cache keys them)
-            prompt = (builder.counter.chat([{"role": "user", "content": item.prompt}]) if workload.api == "chat"
-                      else builder.counter.completion(item.prompt))
-            hashes = block_hashes(prompt.token_ids, block_size)
+            hashes = block_hashes(as_sent(builder.counter, item.prompt, workload.api).token_ids, block_size)
         requests.append(SimRequestSpec(at_s=item.offset_s, prompt_tokens=item.prompt_tokens,
                                        output_tokens=item.max_tokens, cls=item.cls, prefix_hashes=list(hashes)))
     return requests

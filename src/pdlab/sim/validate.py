@@ -291,6 +291,7 @@ def _prefix_hashes(run_dir: Path, rows: list[MeasuredRequest], summary: dict, bl
                    ) -> dict[str | None, tuple[int, ...]]:
     """Each request's prompt blocks, hashed as the router hashes them, from the prompts the load generator sent
     (`schedule.jsonl`, by request id) and the run's model's tokenizer: what a replay of a prefix-caching run needs."""
+    from pdlab.load.prompts import as_sent
     from pdlab.load.schedule import read_schedule
     from pdlab.model import ModelError, resolve
     from pdlab.router.strategies import block_hashes
@@ -316,9 +317,7 @@ def _prefix_hashes(run_dir: Path, rows: list[MeasuredRequest], summary: dict, bl
         prompt = prompts.get(row.request_id or "")
         if prompt is None:
             raise RunDirError(f"{run_dir}: request {row.request_id} is not in schedule.jsonl")
-        tokens = (tokenizer.chat([{"role": "user", "content": prompt}]) if api == "chat"
-                  else tokenizer.completion(prompt))
-        out[row.request_id] = block_hashes(tokens.token_ids, block_size)
+        out[row.request_id] = block_hashes(as_sent(tokenizer, prompt, api).token_ids, block_size)
     return out
 
 
@@ -411,10 +410,9 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     if pooled:
         # Each run's own percentile beside the pooled one: a p99 of a few dozen requests is one or two of them, and
         # the runs' own values show whether a miss is the simulator's or the draw's.
-        alone = [measured_metrics(replay.rows) for replay in replays]
         for key, e in errors.items():
             cls, metric, pct = key.split(".")
-            values = [(own.get(cls) or {}).get(metric, {}).get(pct) for own in alone]
+            values = [(replay.measured.get(cls) or {}).get(metric, {}).get(pct) for replay in replays]
             if all(v is not None for v in values):
                 e["per_run_measured"] = values
     intervals = sampling_intervals(rows)
