@@ -228,6 +228,48 @@ def calibrate_cmd(model: str = typer.Option("pdlab-small", help="Local catalog m
                       f"{probed['error_pct']['mean']:.1f}% max {probed['error_pct']['max']:.1f}%")
 
 
+@app.command("rescale")
+def rescale_cmd(probe: Path = typer.Option(..., help="A `pdlab bench prefill` JSON measured on this machine, e.g. "
+                                           "`pdlab bench prefill --lengths 64,256,1024,3000` (about a minute)."),
+                profile: Path = typer.Option(Path("pdlab-small-fitted"), help="Fitted profile to move: a JSON "
+                                             "path or a name shipped in data/catalog/profiles/."),
+                out: Path = typer.Option(None, help="Profile JSON to write (default: data/results/sim-profiles/"
+                                         "<profile>-speed-<timestamp>.json); never overwritten.")) -> None:
+    """Move a fitted profile to this machine's speed today: every time it holds, multiplied by how much slower
+    (or faster) the probe's lone prompts ran than the profile says. Minutes instead of a sitting's 1.5 hours; the
+    profile's shape stays the calibration machine's."""
+    from datetime import datetime
+
+    from pdlab.benchmarks.results import ensure_new
+    from pdlab.settings import data_dir
+    from pdlab.sim.scenario import resolve_profile
+    from pdlab.sim.speed import SpeedProbeError, rescale_profile
+
+    try:
+        path = resolve_profile(profile)
+        out = out or (data_dir() / "results" / "sim-profiles"
+                      / f"{path.stem}-speed-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+        ensure_new(out)
+        moved = rescale_profile(path, probe, profile_name=str(profile))
+    except (ConfigError, SpeedProbeError, ValueError, FileExistsError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(moved, indent=2) + "\n")
+    speed = moved["speed"]
+    table = Table("prompt tokens", "measured ms", "profile ms", "ratio", "after, error %",
+                  title=f"{profile} on this machine: x{speed['factor']:.2f}")
+    for row in speed["points"]:
+        table.add_row(f"{row['prompt_tokens']:,}", _ms(row["measured_ms"]), _ms(row["profile_ms"]),
+                      f"{row['ratio']:.2f}", f"{row['error_after_pct']:+.1f}")
+    console.print(table)
+    pace = "slower" if speed["factor"] >= 1 else "faster"
+    console.print(f"this machine runs {max(speed['factor'], 1 / speed['factor']):.2f}x {pace} than {profile} "
+                  f"says; one factor leaves the probe within {speed['error_after_pct']['max']:.1f}% "
+                  f"(mean {speed['error_after_pct']['mean']:.1f}%): {out}\n"
+                  f"use it: pdlab sim lab LAB.yaml --profile {out}")
+
+
 def _quick_grid():
     from pdlab.sim.calibrate import CalibrationGrid
 
