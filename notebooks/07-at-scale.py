@@ -57,7 +57,10 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # runs' own value: where a point misses the band, do the runs agree with each other? This is the recorded validation;
 # `docs/simulator.md` says which points miss and why. To fit and validate the simulator on *your* machine, run
 # `pdlab sim sitting` in a terminal (about 1.5 hours on 2 cores; `--quick` tries the procedure in about 20 minutes)
-# and pass its `profile.json` to `pdlab sim validate` or a sim spec. Before running any lab for real,
+# and pass its `profile.json` to `pdlab sim validate` or a sim spec. Minutes get most of the way on a machine
+# that is just slower or faster: `pdlab bench prefill --lengths 64,256,1024,3000` in a terminal, then `pdlab sim
+# rescale --probe FILE` writes the shipped profile at your machine's speed, for `--profile` (on another CPU it
+# warns; `docs/simulator.md` says how close it came on one 3-4 times slower). Before running any lab for real,
 # `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
 
 # %%

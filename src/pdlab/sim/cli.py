@@ -235,15 +235,16 @@ def rescale_cmd(probe: Path = typer.Option(..., help="A `pdlab bench prefill` JS
                                              "path or a name shipped in data/catalog/profiles/."),
                 out: Path = typer.Option(None, help="Profile JSON to write (default: data/results/sim-profiles/"
                                          "<profile>-speed-<timestamp>.json); never overwritten.")) -> None:
-    """Move a fitted profile to this machine's speed today: every time it holds, multiplied by how much slower
-    (or faster) the probe's lone prompts ran than the profile says. Minutes instead of a sitting's 1.5 hours; the
-    profile's shape stays the calibration machine's."""
+    """Move a fitted profile to this machine's speed today: its step costs and serving overheads multiplied by how
+    much slower (or faster) the probe's lone prompts ran than the profile says, the prefill's attention by a factor
+    of its own. Minutes instead of a sitting's 1.5 hours; the rest of the profile's shape stays the calibration
+    machine's."""
     from datetime import datetime
 
     from pdlab.benchmarks.results import ensure_new
     from pdlab.settings import data_dir
     from pdlab.sim.scenario import resolve_profile
-    from pdlab.sim.speed import SpeedProbeError, rescale_profile
+    from pdlab.sim.speed import FIT_SPREAD_PCT, SpeedProbeError, rescale_profile
 
     try:
         path = resolve_profile(profile)
@@ -258,16 +259,23 @@ def rescale_cmd(probe: Path = typer.Option(..., help="A `pdlab bench prefill` JS
     out.write_text(json.dumps(moved, indent=2) + "\n")
     speed = moved["speed"]
     table = Table("prompt tokens", "measured ms", "profile ms", "ratio", "after, error %",
-                  title=f"{profile} on this machine: x{speed['factor']:.2f}")
+                  title=f"{profile} on this machine: x{speed['factor']:.2f}, attention "
+                        f"x{speed['attention_factor']:.2f}")
     for row in speed["points"]:
         table.add_row(f"{row['prompt_tokens']:,}", _ms(row["measured_ms"]), _ms(row["profile_ms"]),
                       f"{row['ratio']:.2f}", f"{row['error_after_pct']:+.1f}")
     console.print(table)
     pace = "slower" if speed["factor"] >= 1 else "faster"
     console.print(f"this machine runs {max(speed['factor'], 1 / speed['factor']):.2f}x {pace} than {profile} "
-                  f"says; one factor leaves the probe within {speed['error_after_pct']['max']:.1f}% "
+                  f"says (its prefill attention x{speed['attention_factor']:.2f}); rescaled, the probe is within "
+                  f"{speed['error_after_pct']['max']:.1f}% "
                   f"(mean {speed['error_after_pct']['mean']:.1f}%): {out}\n"
                   f"use it: pdlab sim lab LAB.yaml --profile {out}")
+    if speed["cpu_differences"] or speed["error_after_pct"]["max"] > FIT_SPREAD_PCT:
+        why = (f"the probe ran on another CPU ({'; '.join(speed['cpu_differences'])})" if speed["cpu_differences"]
+               else f"rescaled, the probe is still {speed['error_after_pct']['max']:.0f}% off")
+        console.print(f"[yellow]warning:[/yellow] {why}: its costs have another shape, not only another speed, and "
+                      "a rescaled profile is a rough guide here; `pdlab sim sitting` fits one for this machine")
 
 
 def _quick_grid():
