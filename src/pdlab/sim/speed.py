@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pdlab.sim.costs import FEATURES, FittedCost, ServingOverheads, load_profile
 
 #: Profile `overheads` fields that are times in ms: scaled with the steps (the rest are flags and ratios).
@@ -59,6 +61,8 @@ def speed_factor(profile_path: Path, points: Sequence[tuple[int, float]]) -> dic
     squares of the log ratios), with each point's ratio and the error the pair leaves. A probe with fewer than
     three lengths, or none whose time is at least a tenth attention, cannot tell the two apart: one factor, the
     geometric mean of the ratios, is both."""
+    from scipy.optimize import least_squares
+
     from pdlab.sim.calibrate import probe_ttft
 
     usable = [(int(tokens), float(seconds)) for tokens, seconds in points if tokens > 0 and seconds > 0]
@@ -71,47 +75,24 @@ def speed_factor(profile_path: Path, points: Sequence[tuple[int, float]]) -> dic
     # the rest, each then scaled by its own factor.
     without_attention = FittedCost(tuple(0.0 if name in ATTENTION_FEATURES else c
                                          for name, c in zip(FEATURES, cost.coefficients, strict=True)))
-    rows = []
-    for tokens, seconds in usable:
-        total = probe_ttft(cost, overheads, tokens)
-        rest = probe_ttft(without_attention, overheads, tokens)
-        rows.append({"prompt_tokens": tokens, "measured_ms": seconds * 1e3, "profile_ms": total * 1e3,
-                     "attention_ms": (total - rest) * 1e3})
-    factor, attention_factor = _fit_factors(rows)
-    for row in rows:
-        row["ratio"] = row["measured_ms"] / row["profile_ms"]
-        scaled = (row["profile_ms"] - row["attention_ms"]) * factor + row["attention_ms"] * attention_factor
-        row["error_after_pct"] = (scaled / row["measured_ms"] - 1) * 100
-    errors = [abs(row["error_after_pct"]) for row in rows]
+    measured = np.array([seconds for _, seconds in usable])
+    total = np.array([probe_ttft(cost, overheads, tokens) for tokens, _ in usable])
+    attention = total - np.array([probe_ttft(without_attention, overheads, tokens) for tokens, _ in usable])
+
+    def scaled(factor: float, attention_factor: float) -> np.ndarray:
+        return (total - attention) * factor + attention * attention_factor
+
+    one = float(np.exp(np.mean(np.log(measured / total))))
+    factor = attention_factor = one
+    if len(usable) >= 3 and np.any(attention >= MIN_ATTENTION_SHARE * total):
+        fit = least_squares(lambda logs: np.log(scaled(*np.exp(logs)) / measured), x0=[math.log(one)] * 2)
+        factor, attention_factor = (float(f) for f in np.exp(fit.x))
+    errors = (scaled(factor, attention_factor) / measured - 1) * 100
+    rows = [{"prompt_tokens": tokens, "measured_ms": m * 1e3, "profile_ms": t * 1e3, "attention_ms": a * 1e3,
+             "ratio": m / t, "error_after_pct": float(e)}
+            for (tokens, _), m, t, a, e in zip(usable, measured, total, attention, errors, strict=True)]
     return {"factor": factor, "attention_factor": attention_factor, "points": rows,
-            "error_after_pct": {"mean": sum(errors) / len(errors), "max": max(errors)}}
-
-
-def _fit_factors(rows: list[dict[str, float]]) -> tuple[float, float]:
-    """(arithmetic factor, attention factor) minimizing the squared log ratios of scaled to measured times; for
-    each ratio of the two the best arithmetic factor is a geometric mean, so a search over the ratio suffices."""
-    def geometric_mean(attention_over_rest: float) -> float:
-        logs = [math.log(r["measured_ms"] / (r["profile_ms"] + (attention_over_rest - 1) * r["attention_ms"]))
-                for r in rows]
-        return math.exp(sum(logs) / len(logs))
-
-    def residual(log_ratio: float) -> float:
-        ratio = math.exp(log_ratio)
-        a = geometric_mean(ratio)
-        return sum(math.log(a * (r["profile_ms"] + (ratio - 1) * r["attention_ms"]) / r["measured_ms"]) ** 2
-                   for r in rows)
-
-    separable = len(rows) >= 3 and any(r["attention_ms"] >= MIN_ATTENTION_SHARE * r["profile_ms"] for r in rows)
-    if not separable:
-        one = geometric_mean(1.0)
-        return one, one
-    # Attention between a tenth and ten times the arithmetic's factor: a coarse grid, then a finer one around it.
-    grid = [i / 100 for i in range(-230, 231)]
-    best = min(grid, key=residual)
-    best = min((best + i / 10_000 for i in range(-100, 101)), key=residual)
-    ratio = math.exp(best)
-    a = geometric_mean(ratio)
-    return a, a * ratio
+            "error_after_pct": {"mean": float(np.mean(np.abs(errors))), "max": float(np.max(np.abs(errors)))}}
 
 
 def cpu_differences(calibrated_on: dict[str, Any] | None, probed_on: dict[str, Any] | None) -> list[str]:
