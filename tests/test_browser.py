@@ -242,7 +242,8 @@ def figure_state(page: Page) -> dict:
 def wait_for_runs(page: Page, runs: int) -> None:
     page.wait_for_function(f"""() => {{
         const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
-        return plot && plot.data && plot.data[0].x && plot.data[0].x.length >= {runs};
+        // While the widget redraws, the figure can hold no trace for a moment: wait on, do not fail.
+        return (plot?.data?.[0]?.x?.length ?? 0) >= {runs};
     }}""", timeout=RUN_TIMEOUT_MS)
 
 
