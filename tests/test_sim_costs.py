@@ -33,6 +33,23 @@ def test_catalog_has_the_required_entries_each_with_a_source() -> None:
             assert set(entry.assumed) <= set(type(entry).model_fields)
 
 
+def test_every_accelerator_names_the_link_its_tensor_parallel_gpus_share(tmp_path) -> None:
+    import shutil
+
+    from pdlab.sim.catalog import catalog_dir
+
+    catalog = load_catalog()
+    assert {hw.tensor_parallel_link for hw in catalog.hardware.values()} <= set(catalog.links)
+    assert catalog.hardware["L40S"].tensor_parallel_link == "pcie4-x16"  # no NVLink on the L40S
+    for name in ("hardware", "models", "links"):
+        shutil.copy(catalog_dir() / f"{name}.yaml", tmp_path / f"{name}.yaml")
+    hardware = (tmp_path / "hardware.yaml").read_text()
+    (tmp_path / "hardware.yaml").write_text(hardware.replace("tensor_parallel_link: pcie4-x16",
+                                                             "tensor_parallel_link: pcie9"))
+    with pytest.raises(ConfigError, match=r"hardware\.L40S\.tensor_parallel_link.*pcie9"):
+        load_catalog(tmp_path)
+
+
 def test_model_shapes_give_the_known_sizes() -> None:
     models = load_catalog().models
     assert models["Llama-3.1-8B"].params == pytest.approx(8.03e9, rel=0.01)

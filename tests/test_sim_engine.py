@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdlab.config.base import ConfigError
 from pdlab.config.router import RouterSettings
 from pdlab.config.sim import SimSpec
 from pdlab.sim.catalog import load_catalog
@@ -380,10 +381,82 @@ def test_colocated_prefills_stall_decodes_more_than_disaggregated() -> None:
 
 def test_roofline_step_time_grows_with_work() -> None:
     catalog = load_catalog()
-    cost = RooflineCost(catalog.hardware["H200-SXM-141GB"], catalog.models["Llama-3.1-70B"], 2, 2)
+    cost = RooflineCost(catalog.hardware["H200-SXM-141GB"], catalog.models["Llama-3.1-70B"], 2, 2,
+                        catalog.links["nvlink4"])
     assert cost.step_time(0, 0, 0, 0) == 0
     assert cost.step_time(0, 0, 1, 100) < cost.step_time(0, 0, 64, 64 * 4000)
     assert cost.step_time(512, chunk_attention(512, 0), 0, 0) < cost.step_time(8192, chunk_attention(8192, 0), 0, 0)
+
+
+def test_tensor_parallel_steps_add_the_all_reduces_alpha_beta_time() -> None:
+    """Llama-3.1-8B over 2 x H200 on NVLink: 2 all-reduces per layer and one after the embedding, each of the
+    step's tokens' hidden states, plus a gather of each sampled row's logits; a free link costs nothing."""
+    catalog = load_catalog()
+    hardware, model = catalog.hardware["H200-SXM-141GB"], catalog.models["Llama-3.1-8B"]
+    nvlink = catalog.links["nvlink4"]
+    free_link = nvlink.model_copy(update={"bandwidth_gbps": 1e15, "latency_us": 0.0})
+    on_nvlink = RooflineCost(hardware, model, 2, 2, nvlink)
+    for_free = RooflineCost(hardware, model, 2, 2, free_link)
+    bytes_per_s, latency = 3600e9 / 8 * 0.8, 3e-6
+    all_reduces = 2 * 32 + 1
+    for prefill, decodes in ((0, 1), (0, 64), (2048, 0), (1024, 32)):
+        tokens, rows = prefill + decodes, decodes + (1 if prefill else 0)
+        expected = ((all_reduces + 1) * 2 * latency  # ceil(log2 2) = 1: one reduce and one broadcast hop
+                    + all_reduces * 2 * (1 / 2) * tokens * 4096 * 2 / bytes_per_s
+                    + (1 / 2) * rows * 128_256 * 2 / bytes_per_s)
+        attention = chunk_attention(prefill, 0)
+        added = on_nvlink.step_time(prefill, attention, decodes, decodes * 1000) \
+            - for_free.step_time(prefill, attention, decodes, decodes * 1000)
+        assert added == pytest.approx(expected, rel=1e-6)
+    # One GPU exchanges nothing, and needs no interconnect.
+    alone = RooflineCost(hardware, model, 2, 1)
+    assert alone.step_time(0, 0, 8, 8000) == RooflineCost(hardware, model, 2, 1, nvlink).step_time(0, 0, 8, 8000)
+    with pytest.raises(ValueError, match="interconnect"):
+        RooflineCost(hardware, model, 2, 4)
+
+
+def test_a_faster_tensor_parallel_link_never_slows_a_step_and_pcie_pays_more_than_nvlink() -> None:
+    catalog = load_catalog()
+    hardware, model = catalog.hardware["H100-SXM5-80GB"], catalog.models["Llama-3.1-70B"]
+    steps = [(0, 0, 1, 500), (0, 0, 128, 128 * 3000), (8192, chunk_attention(8192, 0), 0, 0),
+             (4096, chunk_attention(4096, 4096), 64, 64 * 2000)]
+    for tp in (2, 4, 8):
+        nvlink = RooflineCost(hardware, model, 2, tp, catalog.links["nvlink4"])
+        pcie = RooflineCost(hardware, model, 2, tp, catalog.links["pcie4-x16"])
+        for step in steps:
+            assert nvlink.step_time(*step) < pcie.step_time(*step)
+    # More GPUs still shorten a decode step of 70B, but by less than their number: 8 are not 8x faster than 1.
+    one = RooflineCost(hardware, model, 2, 1)
+    eight = RooflineCost(hardware, model, 2, 8, catalog.links["nvlink4"])
+    assert one.step_time(0, 0, 1, 500) / 8 < eight.step_time(0, 0, 1, 500) < one.step_time(0, 0, 1, 500)
+
+
+@pytest.mark.parametrize(("model", "tp", "message"), [
+    ("Llama-3.1-70B", 16, "more than one H200-SXM-141GB node"),
+    ("Llama-3.1-8B", 3, "32 attention heads do not split over 3"),
+    ("Qwen2.5-7B", 8, "28 attention heads do not split over 8"),
+])
+def test_a_tensor_parallel_size_vllm_would_refuse_names_the_field(model: str, tp: int, message: str) -> None:
+    with pytest.raises(ConfigError, match="engine.tensor_parallel") as error:
+        prepare(spec(model=model, hardware="H200-SXM-141GB", engine={"tensor_parallel": tp}))
+    assert message in str(error.value)
+
+
+def test_more_gpus_than_kv_heads_hold_copies_of_them() -> None:
+    """vLLM replicates KV heads when the tensor-parallel size exceeds their number: each GPU then holds a copy of
+    its head's KV, and the instance's KV capacity in tokens shrinks by the copies."""
+    catalog = load_catalog()
+    base = catalog.models["Llama-3.1-8B"]
+    catalog.models["gqa-8"] = base  # 8 KV heads: split over 4 GPUs
+    catalog.models["gqa-2"] = base.model_copy(update={"num_kv_heads": 2})  # replicated twice over 4 GPUs
+    engine = {"tensor_parallel": 4, "gpu_memory_utilization": 0.9}
+    wide = prepare(spec(model="gqa-8", hardware="H200-SXM-141GB", engine=engine), catalog)
+    narrow = prepare(spec(model="gqa-2", hardware="H200-SXM-141GB", engine=engine), catalog)
+    def free(model: str) -> float:  # bytes left for KV on the 4 GPUs
+        return 141 * 2**30 * 4 * 0.9 - catalog.models[model].params * 2
+
+    assert wide.kv_capacity == int(free("gqa-8") // base.kv_bytes_per_token(2))
+    assert narrow.kv_capacity == int(free("gqa-2") // (catalog.models["gqa-2"].kv_bytes_per_token(2) * 2))
 
 
 def test_kv_capacity_from_memory_and_model_that_does_not_fit() -> None:

@@ -38,6 +38,10 @@ class Hardware(Sourced):
     """Achieved fraction of peak memory bandwidth."""
     step_overhead_ms: float = Field(ge=0)
     """Fixed cost per scheduler step (scheduling, kernel launches, sampling)."""
+    tensor_parallel_link: str = Field(min_length=1)
+    """The `links` entry joining the GPUs of one instance: what its tensor-parallel all-reduces cross."""
+    gpus_per_node: int = Field(gt=0)
+    """The most GPUs on that link: the largest tensor-parallel instance."""
 
 
 class ModelShape(Sourced):
@@ -124,6 +128,11 @@ def load_catalog(directory: Path | None = None) -> Catalog:
             raise ConfigError(str(path), [("(file)", "no such file")])
         tables[kind] = yaml.safe_load(path.read_text()) or {}
     catalog = validate(Catalog, tables, source=str(directory))
+    unknown = [(f"hardware.{name}.tensor_parallel_link", f"{hw.tensor_parallel_link!r} is not in links.yaml "
+                f"(known: {', '.join(sorted(catalog.links))})")
+               for name, hw in catalog.hardware.items() if hw.tensor_parallel_link not in catalog.links]
+    if unknown:
+        raise ConfigError(str(directory), unknown)
     for name in LOCAL_MODELS:
         catalog.models.setdefault(name, local_model_shape(name))
     return catalog

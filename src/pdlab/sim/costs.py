@@ -28,6 +28,7 @@ features, fitted by least squares on measured step times (`fit_profile`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -96,15 +97,24 @@ class RooflineCost:
 
     Linear layers read every weight once per step and do 2 FLOPs per weight per token; attention does
     4 * heads * head_dim FLOPs per query-key pair per layer and reads the KV cache of every decoding sequence.
-    Tensor parallelism multiplies compute and bandwidth (its all-reduce cost is left out)."""
+    Tensor parallelism multiplies compute and bandwidth, and adds what its GPUs exchange over `interconnect`
+    (`hardware.tensor_parallel_link`): Megatron-style sharding all-reduces each token's hidden state twice per layer
+    (after attention's output projection and after the MLP) and once after the vocab-parallel embedding, and
+    gathers the sampled rows' logits. Each collective costs the alpha-beta model's time: a latency term of
+    2 * ceil(log2 tp) link latencies (a tree's reduce and broadcast) plus a bandwidth term of a ring's
+    2 * (tp - 1) / tp times the message (the gather: (tp - 1) / tp). vLLM does not overlap them with compute, so
+    they add to the step."""
 
     hardware: Hardware
     model: ModelShape
     dtype_bytes: int = 2
     tensor_parallel: int = 1
+    interconnect: Link | None = None
 
     def __post_init__(self) -> None:
         hw, m, tp = self.hardware, self.model, self.tensor_parallel
+        if tp > 1 and self.interconnect is None:
+            raise ValueError(f"tensor_parallel {tp} needs the interconnect its all-reduces cross")
         flops = hw.peak_bf16_tflops * 1e12 * hw.compute_efficiency * tp
         bandwidth = hw.hbm_gbps * 1e9 * hw.memory_efficiency * tp
         # Precomputed per-unit costs keep step_time to a few float operations (it runs once per simulated step).
@@ -114,6 +124,16 @@ class RooflineCost:
         object.__setattr__(self, "_s_per_attention_pair", 4 * m.num_layers * m.num_heads * m.head_dim / flops)
         object.__setattr__(self, "_s_per_kv_token", m.kv_bytes_per_token(self.dtype_bytes) / bandwidth)
         object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3)
+        all_reduces, comm_fixed, comm_per_token, comm_per_row = 2 * m.num_layers + 1, 0.0, 0.0, 0.0
+        if tp > 1:
+            link = self.interconnect
+            latency, link_bytes_per_s = link.latency_us / 1e6, link.bytes_per_s
+            comm_fixed = (all_reduces + 1) * 2 * math.ceil(math.log2(tp)) * latency
+            comm_per_token = all_reduces * 2 * (tp - 1) / tp * m.hidden_size * self.dtype_bytes / link_bytes_per_s
+            comm_per_row = (tp - 1) / tp * m.vocab_size * self.dtype_bytes / link_bytes_per_s
+        object.__setattr__(self, "_s_comm_fixed", comm_fixed)
+        object.__setattr__(self, "_s_comm_per_token", comm_per_token)
+        object.__setattr__(self, "_s_comm_per_logits_row", comm_per_row)
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
@@ -125,7 +145,9 @@ class RooflineCost:
         linear = max(tokens * self._s_per_linear_token + logits_rows * self._s_per_logits_row, self._s_weights)
         attention = max((prefill_attention + decode_context) * self._s_per_attention_pair,
                         (decode_context + prefill_tokens) * self._s_per_kv_token)
-        return self._overhead + linear + attention
+        communication = (self._s_comm_fixed + tokens * self._s_comm_per_token
+                         + logits_rows * self._s_comm_per_logits_row)
+        return self._overhead + linear + attention + communication
 
 
 @dataclass(frozen=True)

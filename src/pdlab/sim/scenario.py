@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimSpec
-from pdlab.sim.catalog import Catalog, Link, ModelShape, catalog_dir, load_catalog
+from pdlab.sim.catalog import Catalog, Hardware, Link, ModelShape, catalog_dir, load_catalog
 from pdlab.sim.costs import RooflineCost, ServingOverheads, StepCost, TransferCost, load_profile
 from pdlab.sim.engine import Instance, SimRequest, Simulation
 from pdlab.sim.engine import Link as LinkQueue
@@ -52,6 +52,22 @@ def resolve_profile(path: Path) -> Path:
     raise ConfigError("profile", [(str(path), f"no such file, nor a shipped profile; shipped: {known}")])
 
 
+def check_tensor_parallel(tp: int, hardware: Hardware, model: ModelShape, spec: SimSpec) -> None:
+    """What vLLM itself requires of a tensor-parallel size, and what the roofline models (one node's link)."""
+    problems = []
+    if tp > hardware.gpus_per_node:
+        problems.append(f"{tp} GPUs span more than one {spec.hardware} node ({hardware.gpus_per_node} GPUs on "
+                        f"{hardware.tensor_parallel_link}); tensor parallelism across nodes is not modelled: use "
+                        "more instances instead")
+    if model.num_heads % tp:
+        problems.append(f"{spec.model}'s {model.num_heads} attention heads do not split over {tp} GPUs")
+    elif model.num_kv_heads % tp and tp % model.num_kv_heads:
+        problems.append(f"{spec.model}'s {model.num_kv_heads} KV heads neither split over {tp} GPUs nor "
+                        "replicate evenly on them")
+    if problems:
+        raise ConfigError("sim spec", [("engine.tensor_parallel", "; ".join(problems))])
+
+
 def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     catalog = catalog or load_catalog()
     model: ModelShape = catalog.get("models", spec.model)
@@ -66,14 +82,18 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
         capacity = engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token)
     else:
         hardware = catalog.get("hardware", spec.hardware)
-        cost = RooflineCost(hardware, model, spec.dtype_bytes, engine.tensor_parallel)
-        source = f"roofline: {spec.hardware} x{engine.tensor_parallel}, {spec.model}"
-        free = hardware.memory_gib * 2**30 * engine.tensor_parallel * engine.gpu_memory_utilization \
-            - model.params * spec.dtype_bytes
+        tp = engine.tensor_parallel
+        check_tensor_parallel(tp, hardware, model, spec)
+        interconnect = catalog.get("links", hardware.tensor_parallel_link)
+        cost = RooflineCost(hardware, model, spec.dtype_bytes, tp, interconnect)
+        source = f"roofline: {spec.hardware} x{tp}" + (f" over {hardware.tensor_parallel_link}" if tp > 1 else "") \
+            + f", {spec.model}"
+        free = hardware.memory_gib * 2**30 * tp * engine.gpu_memory_utilization - model.params * spec.dtype_bytes
         if engine.kv_cache_tokens is None and free <= 0:
-            raise ValueError(f"{spec.model} does not fit on {engine.tensor_parallel} x {spec.hardware}: "
-                             "raise engine.tensor_parallel")
-        capacity = engine.kv_cache_tokens or int(free // kv_per_token)
+            raise ValueError(f"{spec.model} does not fit on {tp} x {spec.hardware}: raise engine.tensor_parallel")
+        # With more GPUs than KV heads each GPU holds a copy of its head's KV (vLLM replicates them).
+        replicas = max(1, tp // model.num_kv_heads)
+        capacity = engine.kv_cache_tokens or int(free // (kv_per_token * replicas))
     link = resolve_link(spec, catalog)
     fitted_link = profile.get("link") if spec.profile is not None else None
     if fitted_link and fitted_link.get("name") == spec.link.name and spec.link.bandwidth_gbps is None:
