@@ -144,3 +144,7 @@ course.check(
 #    Compare with what you measured on loopback in notebook 06.
 # 3. Raise the rate until attainment falls under 90% for the best split: that is this cluster's goodput. What
 #    limits it: the prefill pool (long TTFT) or the decode pool (ITL)?
+# 4. Fewer, wider instances: copy the lab with `engine: {tensor_parallel: 8}` and `pools: {prefill: 1, decode: 1}`
+#    and search the same 16 GPUs again. Each step is faster, but a slice of it is the GPUs' all-reduces over
+#    NVLink (docs/simulator.md, "Roofline"). Which wins at 8 req/s now, colocated or disaggregated, and why does
+#    the answer differ from TP 2?
