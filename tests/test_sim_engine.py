@@ -459,6 +459,24 @@ def test_more_gpus_than_kv_heads_hold_copies_of_them() -> None:
     assert narrow.kv_capacity == int(free("gqa-2") // (catalog.models["gqa-2"].kv_bytes_per_token(2) * 2))
 
 
+def test_a_tensor_parallel_instance_moves_its_kv_over_every_gpus_share_of_the_link() -> None:
+    """One disaggregated request, Llama-3.1-8B on H200s over EFA (p5en): at tp 4 the KV read takes a quarter of
+    its wire time at tp 1 (the latency stays)."""
+    workload = {"requests": [{"at_s": 0, "prompt_tokens": 8000, "output_tokens": 2, "cls": "long"}]}
+    reads = {}
+    for tp in (1, 4):
+        prepared = prepare(spec(hardware="H200-SXM-141GB", link={"name": "efa-p5en"}, router={"threshold": 0},
+                                engine={"tensor_parallel": tp}, workload=workload))
+        assert prepared.link.bandwidth_gbps == 400 * tp
+        summary, sim = simulate(prepared.spec)
+        request = sim.requests[0]
+        reads[tp] = request.transfer_end - request.transfer_start
+    latency = 12e-6
+    wire = 8000 * load_catalog().models["Llama-3.1-8B"].kv_bytes_per_token(2) / (400e9 / 8 * 0.8)
+    assert reads[1] == pytest.approx(latency + wire, rel=1e-6)
+    assert reads[4] == pytest.approx(latency + wire / 4, rel=1e-6)
+
+
 def test_kv_capacity_from_memory_and_model_that_does_not_fit() -> None:
     prepared = prepare(spec(model="Llama-3.1-70B", hardware="H200-SXM-141GB", engine={"tensor_parallel": 2}))
     assert prepared.kv_capacity > 100_000

@@ -19,7 +19,8 @@ class LinkChoice(Spec):
     name: str | None = "efa-p5"
     """A link from data/catalog/links.yaml; None means give `bandwidth_gbps` and `latency_us` directly."""
     bandwidth_gbps: float | None = Field(default=None, gt=0)
-    """Overrides the catalog bandwidth (Gbit/s per instance)."""
+    """Overrides the catalog bandwidth (Gbit/s per GPU, as the catalog gives it: a tensor-parallel instance's ranks
+    send their shards of the KV side by side, so the instance moves `engine.tensor_parallel` times this)."""
     latency_us: float | None = Field(default=None, ge=0)
     """Overrides the catalog latency."""
     concurrency: int = Field(default=1, ge=1)

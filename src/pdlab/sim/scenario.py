@@ -100,6 +100,11 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
         # A profile fitted on local runs knows what its loopback carried under load (far less than when idle).
         link = link.model_copy(update={"bandwidth_gbps": fitted_link["bandwidth_gbps"],
                                        "source": f"fitted profile {spec.profile}: {fitted_link.get('source', '')}"})
+    if engine.tensor_parallel > 1:
+        # Each rank sends its own heads' KV over its own share of the node's links (NIXL and LMCache move the shards
+        # side by side), so an instance of tp GPUs moves tp times a GPU's bandwidth.
+        link = link.model_copy(update={"bandwidth_gbps": link.bandwidth_gbps * engine.tensor_parallel,
+                                       "source": f"{engine.tensor_parallel} GPUs' shares: {link.source}"})
     return Prepared(spec, model, cost, link, capacity, source, overheads)
 
 
