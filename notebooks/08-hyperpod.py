@@ -114,3 +114,6 @@ course.check(
 #    and which target supports it?
 # 3. Notebook 07 found the best prefill:decode split for Llama-70B on H200s. Write it into a copy of
 #    `labs/hyperpod-llama70b-2p2d.yaml` (replicas per pool) and render it.
+# 4. Before renting the nodes, ask the simulator: `pdlab sim run labs/sim/hyperpod-llama70b-2p2d.yaml` simulates
+#    the lab as rendered (its `cluster_lab:` line). Point it at your copy: does your split keep the SLOs at 16
+#    req/s where the shipped 2P2D does?

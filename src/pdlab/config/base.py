@@ -46,8 +46,8 @@ def validate(cls: type[SpecT], data: Any, source: str = "spec") -> SpecT:
         raise ConfigError.from_validation(source, error) from None
 
 
-def load_yaml(path: str | Path, cls: type[SpecT]) -> SpecT:
-    """Read a YAML file and validate it into `cls`."""
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's data (an empty file is an empty mapping)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(str(path), [("(file)", "no such file")])
@@ -55,4 +55,9 @@ def load_yaml(path: str | Path, cls: type[SpecT]) -> SpecT:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(str(path), [("(yaml)", str(error))]) from None
-    return validate(cls, data or {}, source=str(path))
+    return {} if data is None else data
+
+
+def load_yaml(path: str | Path, cls: type[SpecT]) -> SpecT:
+    """Read a YAML file and validate it into `cls`."""
+    return validate(cls, read_yaml(path), source=str(path))

@@ -26,15 +26,25 @@ class InstanceTypeFacts(Spec):
     gpu: str
     efa_interfaces: int
     """Most EFA network interfaces the instance exposes (`vpc.amazonaws.com/efa` allocatable)."""
+    accelerator: str
+    """Its GPU in the simulator's catalog (data/catalog/hardware.yaml)."""
+    efa_link: str
+    """Its EFA in the simulator's catalog (data/catalog/links.yaml): the node's EFA bandwidth per GPU."""
 
 
 #: The instance types cluster labs may name, with AWS's published GPU and EFA counts.
 INSTANCE_TYPES: dict[str, InstanceTypeFacts] = {
-    "ml.p4d.24xlarge": InstanceTypeFacts(gpus=8, gpu="A100 40GB", efa_interfaces=4),
-    "ml.p4de.24xlarge": InstanceTypeFacts(gpus=8, gpu="A100 80GB", efa_interfaces=4),
-    "ml.p5.48xlarge": InstanceTypeFacts(gpus=8, gpu="H100 80GB", efa_interfaces=32),
-    "ml.p5e.48xlarge": InstanceTypeFacts(gpus=8, gpu="H200 141GB", efa_interfaces=32),
-    "ml.p5en.48xlarge": InstanceTypeFacts(gpus=8, gpu="H200 141GB", efa_interfaces=16),
+    "ml.p4d.24xlarge": InstanceTypeFacts(gpus=8, gpu="A100 40GB", efa_interfaces=4, accelerator="A100-SXM4-40GB",
+                                         efa_link="efa-p4d"),
+    "ml.p4de.24xlarge": InstanceTypeFacts(gpus=8, gpu="A100 80GB", efa_interfaces=4, accelerator="A100-SXM4-80GB",
+                                          efa_link="efa-p4d"),
+    "ml.p5.48xlarge": InstanceTypeFacts(gpus=8, gpu="H100 80GB", efa_interfaces=32, accelerator="H100-SXM5-80GB",
+                                        efa_link="efa-p5"),
+    # p5e has p5's 3,200 Gbps of EFA (32 x 100 Gbps) with p5en's H200s.
+    "ml.p5e.48xlarge": InstanceTypeFacts(gpus=8, gpu="H200 141GB", efa_interfaces=32, accelerator="H200-SXM-141GB",
+                                         efa_link="efa-p5"),
+    "ml.p5en.48xlarge": InstanceTypeFacts(gpus=8, gpu="H200 141GB", efa_interfaces=16, accelerator="H200-SXM-141GB",
+                                          efa_link="efa-p5en"),
 }
 
 

@@ -19,8 +19,9 @@ class LinkChoice(Spec):
     name: str | None = "efa-p5"
     """A link from data/catalog/links.yaml; None means give `bandwidth_gbps` and `latency_us` directly."""
     bandwidth_gbps: float | None = Field(default=None, gt=0)
-    """Overrides the catalog bandwidth (Gbit/s per GPU, as the catalog gives it: a tensor-parallel instance's ranks
-    send their shards of the KV side by side, so the instance moves `engine.tensor_parallel` times this)."""
+    """Overrides the catalog bandwidth (Gbit/s, as the catalog gives it: per GPU for a `per_gpu` link, whose
+    tensor-parallel ranks send their shards of the KV side by side, so an instance moves `engine.tensor_parallel`
+    times this; per NIC for one its GPUs share)."""
     latency_us: float | None = Field(default=None, ge=0)
     """Overrides the catalog latency."""
     concurrency: int = Field(default=1, ge=1)
@@ -79,6 +80,13 @@ class SLO(Spec):
     tpot_ms: float = Field(default=100.0, gt=0)
 
 
+def router_settings(deployment: DeploymentSpec) -> RouterSettings:
+    """The routing decisions' settings of a deployment's router (pdlab.router's own type)."""
+    if deployment.router is None:
+        return RouterSettings()
+    return RouterSettings(**deployment.router.model_dump(include=set(RouterSettings.model_fields)))
+
+
 class SimSpec(Spec):
     """One simulated deployment under one workload."""
 
@@ -95,12 +103,23 @@ class SimSpec(Spec):
     link: LinkChoice = Field(default_factory=LinkChoice)
     pools: Pools = Field(default_factory=lambda: Pools(prefill=1, decode=1))
     engine: SimEngine = Field(default_factory=SimEngine)
+    """Every instance's engine (the decode and colocated pools'; the prefill pool's too unless `prefill_engine`)."""
+    prefill_engine: SimEngine | None = None
+    """The prefill pool's engine where it differs from `engine` (a cluster lab sizes each pool on its own)."""
+    cluster_lab: Path | None = None
+    """A cluster lab (`cluster:` section) this spec simulates: its accelerator, EFA, model, pools, tensor
+    parallelism, engines and router fill every field the spec does not give itself (`pdlab.sim.twin`); relative
+    to the spec's file."""
     router: RouterSettings = Field(default_factory=RouterSettings)
     """Threshold and strategies, exactly as for the real router."""
     workload: SimWorkload
     slo: SLO = Field(default_factory=SLO)
     stall_ms: float = Field(default=250.0, gt=0)
     """An inter-token gap longer than this counts as a stall."""
+
+    def engine_for(self, role: str) -> SimEngine:
+        """The engine of `role`'s instances."""
+        return self.prefill_engine if role == "prefill" and self.prefill_engine is not None else self.engine
 
     @classmethod
     def for_deployment(cls, deployment: DeploymentSpec, workload: SimWorkload, *,
@@ -120,8 +139,7 @@ class SimSpec(Spec):
         engine["enable_prefix_caching"] = first.engine.enable_prefix_caching
         if first.engine.block_size:
             engine["block_size"] = first.engine.block_size
-        router = RouterSettings(**deployment.router.model_dump(include=set(RouterSettings.model_fields))) \
-            if deployment.router else RouterSettings()
+        router = router_settings(deployment)
         data = {"name": deployment.name, "model": deployment.model.name, "pools": counts, "engine": engine,
                 "router": router, "workload": workload,
                 "dtype_bytes": 4 if deployment.model.dtype == "float32" else 2, **fields}

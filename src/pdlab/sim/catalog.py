@@ -55,6 +55,8 @@ class ModelShape(Sourced):
     intermediate_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     tie_word_embeddings: bool = False
+    hub_ids: list[str] = []
+    """Hugging Face ids of checkpoints with this shape (base and instruct): how a cluster lab's model is found."""
 
     @cached_property
     def layer_params(self) -> int:
@@ -81,6 +83,9 @@ class Link(Sourced):
     """One-way latency per transfer (setup, handshake, first byte), microseconds."""
     efficiency: float = Field(default=1.0, gt=0, le=1)
     """Achieved fraction of the nominal bandwidth."""
+    per_gpu: bool = True
+    """The bandwidth is each GPU's own (EFA's share per GPU, NVLink, an InfiniBand port per GPU), so the ranks of a
+    tensor-parallel instance add theirs up; false for a NIC they share (Ethernet over TCP, a host's loopback)."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -91,6 +96,17 @@ class Catalog(Spec):
     hardware: dict[str, Hardware]
     models: dict[str, ModelShape]
     links: dict[str, Link]
+
+    def model_named(self, name: str) -> str:
+        """The catalog name of `name`: a catalog name itself, or a Hugging Face id one of the shapes lists."""
+        if name in self.models:
+            return name
+        for catalog_name, shape in self.models.items():
+            if name in shape.hub_ids:
+                return catalog_name
+        known = sorted(hub for shape in self.models.values() for hub in shape.hub_ids)
+        raise ConfigError("catalog models", [(name, f"no shape in data/catalog/models.yaml lists it in `hub_ids` "
+                                                    f"(listed: {', '.join(known)})")])
 
     def get(self, kind: str, name: str):  # -> Hardware | ModelShape | Link
         table = getattr(self, kind)

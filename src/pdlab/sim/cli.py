@@ -22,11 +22,10 @@ console = Console()
 
 
 def _load_spec(path: Path):
-    from pdlab.config.base import load_yaml
-    from pdlab.config.sim import SimSpec
+    from pdlab.sim.twin import load_sim_spec
 
     try:
-        return load_yaml(path, SimSpec)
+        return load_sim_spec(path)
     except ConfigError as error:
         console.print(f"[red]error:[/red] {_lab_spec_instead(path, error)}")
         raise typer.Exit(code=2) from None

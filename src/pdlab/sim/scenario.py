@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdlab.config.base import ConfigError
-from pdlab.config.sim import SimSpec
+from pdlab.config.sim import SimEngine, SimSpec
 from pdlab.sim.catalog import Catalog, Hardware, Link, ModelShape, catalog_dir, load_catalog
 from pdlab.sim.costs import RooflineCost, ServingOverheads, StepCost, TransferCost, load_profile
 from pdlab.sim.engine import Instance, SimRequest, Simulation
@@ -29,6 +29,9 @@ class Prepared:
     kv_capacity: int
     cost_source: str
     overheads: ServingOverheads
+    prefill_cost: StepCost
+    """The prefill pool's (the same as `cost` unless `spec.prefill_engine` differs)."""
+    prefill_kv_capacity: int
 
 
 def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
@@ -52,7 +55,8 @@ def resolve_profile(path: Path) -> Path:
     raise ConfigError("profile", [(str(path), f"no such file, nor a shipped profile; shipped: {known}")])
 
 
-def check_tensor_parallel(tp: int, hardware: Hardware, model: ModelShape, spec: SimSpec) -> None:
+def check_tensor_parallel(tp: int, hardware: Hardware, model: ModelShape, spec: SimSpec,
+                          field: str = "engine") -> None:
     """What vLLM itself requires of a tensor-parallel size, and what the roofline models (one node's link)."""
     problems = []
     if tp > hardware.gpus_per_node:
@@ -65,56 +69,70 @@ def check_tensor_parallel(tp: int, hardware: Hardware, model: ModelShape, spec: 
         problems.append(f"{spec.model}'s {model.num_kv_heads} KV heads neither split over {tp} GPUs nor "
                         "replicate evenly on them")
     if problems:
-        raise ConfigError("sim spec", [("engine.tensor_parallel", "; ".join(problems))])
+        raise ConfigError("sim spec", [(f"{field}.tensor_parallel", "; ".join(problems))])
 
 
 def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     catalog = catalog or load_catalog()
     model: ModelShape = catalog.get("models", spec.model)
     kv_per_token = model.kv_bytes_per_token(spec.dtype_bytes)
-    engine = spec.engine
     overheads = ServingOverheads()
     profile: dict = {}
+    fitted: StepCost | None = None
     if spec.profile is not None:
-        cost, profile = load_profile(resolve_profile(spec.profile))
+        fitted, profile = load_profile(resolve_profile(spec.profile))
         overheads = ServingOverheads.from_json(profile.get("overheads"))
-        source = f"fitted profile {spec.profile} ({profile.get('source', '')})"
-        capacity = engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token)
-    else:
+
+    def priced(engine: SimEngine, field: str) -> tuple[StepCost, int, str]:
+        """One pool's step cost, KV capacity (tokens per instance) and where the cost comes from."""
+        if fitted is not None:
+            return (fitted, engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token),
+                    f"fitted profile {spec.profile} ({profile.get('source', '')})")
         hardware = catalog.get("hardware", spec.hardware)
         tp = engine.tensor_parallel
-        check_tensor_parallel(tp, hardware, model, spec)
-        interconnect = catalog.get("links", hardware.tensor_parallel_link)
-        cost = RooflineCost(hardware, model, spec.dtype_bytes, tp, interconnect)
+        check_tensor_parallel(tp, hardware, model, spec, field)
+        cost = RooflineCost(hardware, model, spec.dtype_bytes, tp, catalog.get("links", hardware.tensor_parallel_link))
         source = f"roofline: {spec.hardware} x{tp}" + (f" over {hardware.tensor_parallel_link}" if tp > 1 else "") \
             + f", {spec.model}"
         free = hardware.memory_gib * 2**30 * tp * engine.gpu_memory_utilization - model.params * spec.dtype_bytes
         if engine.kv_cache_tokens is None and free <= 0:
-            raise ValueError(f"{spec.model} does not fit on {tp} x {spec.hardware}: raise engine.tensor_parallel")
+            raise ValueError(f"{spec.model} does not fit on {tp} x {spec.hardware}: raise {field}.tensor_parallel")
         # With more GPUs than KV heads each GPU holds a copy of its head's KV (vLLM replicates them).
         replicas = max(1, tp // model.num_kv_heads)
-        capacity = engine.kv_cache_tokens or int(free // (kv_per_token * replicas))
+        return cost, engine.kv_cache_tokens or int(free // (kv_per_token * replicas)), source
+
+    cost, capacity, source = priced(spec.engine, "engine")
+    prefill_cost, prefill_capacity, prefill_source = cost, capacity, source
+    if spec.prefill_engine is not None and spec.pools.prefill:
+        prefill_cost, prefill_capacity, prefill_source = priced(spec.prefill_engine, "prefill_engine")
+        if prefill_source != source:
+            source = f"{source}; prefill pool: {prefill_source}"
     link = resolve_link(spec, catalog)
     fitted_link = profile.get("link") if spec.profile is not None else None
     if fitted_link and fitted_link.get("name") == spec.link.name and spec.link.bandwidth_gbps is None:
         # A profile fitted on local runs knows what its loopback carried under load (far less than when idle).
         link = link.model_copy(update={"bandwidth_gbps": fitted_link["bandwidth_gbps"],
                                        "source": f"fitted profile {spec.profile}: {fitted_link.get('source', '')}"})
-    if engine.tensor_parallel > 1:
-        # Each rank sends its own heads' KV over its own share of the node's links (NIXL and LMCache move the shards
-        # side by side), so an instance of tp GPUs moves tp times a GPU's bandwidth.
-        link = link.model_copy(update={"bandwidth_gbps": link.bandwidth_gbps * engine.tensor_parallel,
-                                       "source": f"{engine.tensor_parallel} GPUs' shares: {link.source}"})
-    return Prepared(spec, model, cost, link, capacity, source, overheads)
+    # Each rank sends its own heads' KV over its own share of the node's links (NIXL and LMCache move the shards
+    # side by side), so an instance of tp GPUs moves tp times a GPU's bandwidth (between pools of different sizes,
+    # the smaller one's); not over a NIC they all share.
+    ranks = min(spec.engine_for("prefill").tensor_parallel, spec.engine.tensor_parallel)
+    if ranks > 1 and link.per_gpu:
+        link = link.model_copy(update={"bandwidth_gbps": link.bandwidth_gbps * ranks,
+                                       "source": f"{ranks} GPUs' shares: {link.source}"})
+    return Prepared(spec, model, cost, link, capacity, source, overheads, prefill_cost, prefill_capacity)
 
 
 def build(prepared: Prepared, seed: int = 0) -> Simulation:
     """The simulation of `prepared`; `seed` draws its step jitter and a busy sender's wake-ups."""
-    spec, engine = prepared.spec, prepared.spec.engine
+    spec = prepared.spec
 
     def instance(name: str, role: str) -> Instance:
-        inst = Instance(name=name, role=role, cost=prepared.cost, budget=engine.max_num_batched_tokens,
-                        max_seqs=engine.max_num_seqs, kv_capacity=prepared.kv_capacity,
+        engine = spec.engine_for(role)
+        prefill = role == "prefill"
+        inst = Instance(name=name, role=role, cost=prepared.prefill_cost if prefill else prepared.cost,
+                        budget=engine.max_num_batched_tokens, max_seqs=engine.max_num_seqs,
+                        kv_capacity=prepared.prefill_kv_capacity if prefill else prepared.kv_capacity,
                         prefix_cache=OrderedDict() if engine.enable_prefix_caching else None,
                         block_size=engine.block_size)
         if role == "prefill":
