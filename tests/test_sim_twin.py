@@ -125,3 +125,10 @@ def test_cli_runs_and_searches_the_twin() -> None:
     assert summary["requests"]["completed"] == summary["requests"]["sent"]
     assert "x8 over nvlink4" in summary["cost_model"]
     assert summary["link"]["bandwidth_gbps"] == 3200
+
+
+def test_a_cluster_lab_given_where_a_sim_spec_belongs_points_to_cluster_lab() -> None:
+    for command in ("run", "lab"):
+        result = CliRunner().invoke(app, ["sim", command, str(LABS / "hyperpod-llama70b-2p2d.yaml")])
+        assert result.exit_code != 0
+        assert "cluster_lab" in " ".join(result.output.split()), (command, result.output)

@@ -37,6 +37,10 @@ def _lab_spec_instead(path: Path, error: ConfigError) -> ConfigError:
     if any(where in ("(file)", "(yaml)") for where, _ in error.problems):
         return error
     raw = yaml.safe_load(path.read_text())
+    if isinstance(raw, dict) and "cluster" in raw and "pools" not in raw:
+        return ConfigError(str(path), [("(top level)", "a cluster lab: `pdlab sim run` takes a sim spec that names it "
+                                                       f"(`cluster_lab: {path}`) and gives a workload, such as "
+                                                       "labs/sim/hyperpod-llama70b-2p2d.yaml")])
     if isinstance(raw, dict) and ("scenarios" in raw or "deployment" in raw) and "pools" not in raw:
         return ConfigError(str(path), [("(top level)", f"a lab spec (`pdlab run` measures it): `pdlab sim lab "
                                                        f"{path}` simulates its scenarios; `pdlab sim run` takes a "

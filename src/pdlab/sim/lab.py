@@ -126,6 +126,9 @@ def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PRO
 
 
 def _needs_scenarios(lab: LabSpec) -> None:
+    if not lab.scenarios and lab.cluster is not None:
+        raise LabError(f"lab {lab.name!r} is a cluster lab: simulate it from a sim spec that names it "
+                       "(`cluster_lab:`) and gives a workload, such as labs/sim/hyperpod-llama70b-2p2d.yaml")
     if not lab.scenarios:
         raise LabError(f"lab {lab.name!r} has no `scenarios` to simulate (a lab with one `deployment` is brought "
                        "up with `pdlab up`; `pdlab sim run` takes a sim spec such as labs/sim/local-hol.yaml)")
