@@ -113,7 +113,8 @@ sweep_figure(sweep, x="threshold", y="attainment", title="SLO attainment against
 # %% [markdown]
 # ## 3. Your turn: the panel
 #
-# Every control re-simulates. `prefill` at 0 turns the deployment into `decode` colocated instances.
+# Every control re-simulates. `prefill` at 0 turns the deployment into `decode` colocated instances; `GPUs per
+# instance` is each instance's tensor parallelism (a size the simulator refuses is said under the controls).
 
 # %%
 from pdlab.course_widgets import SimPanel
@@ -144,7 +145,7 @@ course.check(
 #    Compare with what you measured on loopback in notebook 06.
 # 3. Raise the rate until attainment falls under 90% for the best split: that is this cluster's goodput. What
 #    limits it: the prefill pool (long TTFT) or the decode pool (ITL)?
-# 4. Fewer, wider instances: copy the lab with `engine: {tensor_parallel: 8}` and `pools: {prefill: 1, decode: 1}`
-#    and search the same 16 GPUs again. Each step is faster, but a slice of it is the GPUs' all-reduces over
-#    NVLink (docs/simulator.md, "Roofline"). Which wins at 8 req/s now, colocated or disaggregated, and why does
-#    the answer differ from TP 2?
+# 4. Fewer, wider instances: in the panel set `GPUs per instance` to 8, then try 1P1D and 2 colocated (the same
+#    16 GPUs). Each step is faster, but a slice of it is the GPUs' all-reduces over NVLink (docs/simulator.md,
+#    "Roofline"). Which wins at 8 req/s now, colocated or disaggregated, and why does the answer differ from
+#    2 GPUs per instance?

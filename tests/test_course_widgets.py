@@ -90,6 +90,27 @@ def test_sim_panel_resimulates_on_every_change(sim_spec: SimSpec) -> None:
     assert list(panel.figure.data[0].y) == list(sim_table({"now": panel.summary}).iloc[:4, 0])
 
 
+def test_sim_panel_counts_gpus_per_instance_and_says_what_it_cannot_simulate(sim_spec: SimSpec) -> None:
+    panel = SimPanel(sim_spec)
+    assert panel.gpus.value == 2 and not panel.gpus.disabled
+    panel.gpus.value = 8
+    assert "x8 over nvlink4" in panel.summary["cost_model"]
+    eight = list(panel.figure.data[0].y)
+    panel.gpus.value = 1  # 70B in bf16 does not fit one H200's memory share
+    assert "not simulated" in panel.status.value and "does not fit" in panel.status.value
+    assert list(panel.figure.data[0].y) == eight  # the last figure stays
+    panel.gpus.value = 4
+    assert "not simulated" not in panel.status.value and "x4 over nvlink4" in panel.summary["cost_model"]
+
+
+def test_sim_variant_drops_the_old_links_figures_with_its_name(sim_spec: SimSpec) -> None:
+    given = sim_spec.model_copy(update={"link": sim_spec.link.model_copy(update={"bandwidth_gbps": 123.0})})
+    assert sim_variant(given, threshold=0, prefill=1, decode=1, rate=1, link="tcp-10gbe").link.bandwidth_gbps is None
+    assert sim_variant(given, threshold=0, prefill=1, decode=1, rate=1, link="efa-p5en").link.bandwidth_gbps == 123.0
+    wide = sim_variant(sim_spec, threshold=0, prefill=1, decode=1, rate=1, link="efa-p5en", tensor_parallel=8)
+    assert wide.engine.tensor_parallel == 8
+
+
 def test_sim_variant_sets_pools_rate_link_threshold(sim_spec: SimSpec) -> None:
     spec = sim_variant(sim_spec, threshold=100, prefill=1, decode=3, rate=7.0, link="tcp-10gbe")
     assert (spec.pools.prefill, spec.pools.decode, spec.pools.colocated) == (1, 3, 0)

@@ -10,6 +10,7 @@ Everything the widgets do goes through `RouterPanel.apply()`, so tests drive it 
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
+from pdlab.config.base import ConfigError
 from pdlab.config.sim import Pools, SimSpec
 from pdlab.config.workload import MixedWorkload
 from pdlab.deploy import Deployment
@@ -161,16 +163,29 @@ def _dig(data: dict, path: tuple[str, ...]) -> float | None:
     return data  # type: ignore[return-value]
 
 
-def sim_variant(spec: SimSpec, *, threshold: int, prefill: int, decode: int, rate: float, link: str) -> SimSpec:
-    """`spec` with the panel's settings: `prefill` 0 means `decode` colocated instances (no disaggregation)."""
+def sim_variant(spec: SimSpec, *, threshold: int, prefill: int, decode: int, rate: float, link: str,
+                tensor_parallel: int | None = None) -> SimSpec:
+    """`spec` with the panel's settings: `prefill` 0 means `decode` colocated instances (no disaggregation);
+    `tensor_parallel`, GPUs per instance in every pool."""
     pools = Pools(colocated=decode) if prefill == 0 else Pools(prefill=prefill, decode=decode)
     workload = spec.workload
     if workload.poisson is None:
         raise ValueError("the simulator panel needs a `poisson` workload (it sets its rate)")
     workload = workload.model_copy(update={"poisson": workload.poisson.model_copy(update={"rate_rps": rate})})
-    return spec.model_copy(update={
-        "pools": pools, "workload": workload, "link": spec.link.model_copy(update={"name": link}),
-        "router": spec.router.model_copy(update={"threshold": threshold})})
+    # Another link drops the spec's bandwidth and latency figures: they were the spec's link's.
+    chosen = spec.link.model_copy(update={"name": link} if link == spec.link.name else
+                                  {"name": link, "bandwidth_gbps": None, "latency_us": None})
+    update: dict = {"pools": pools, "workload": workload, "link": chosen,
+                    "router": spec.router.model_copy(update={"threshold": threshold})}
+    if tensor_parallel is not None:
+        update["engine"] = spec.engine.model_copy(update={"tensor_parallel": tensor_parallel})
+        if spec.prefill_engine is not None:
+            update["prefill_engine"] = spec.prefill_engine.model_copy(update={"tensor_parallel": tensor_parallel})
+    return spec.model_copy(update=update)
+
+
+TENSOR_PARALLEL_CHOICES = (1, 2, 4, 8)
+"""GPUs per instance the simulator panel offers (one node's)."""
 
 
 class SimPanel:
@@ -193,24 +208,34 @@ class SimPanel:
                                         description="rate (req/s)", continuous_update=False, style=style)
         self.link = widgets.Dropdown(options=sorted(self.catalog.links), value=spec.link.name, description="link",
                                      style=style)
+        # A fitted profile prices its own machine's instances: only the roofline has GPUs to count.
+        self.gpus = widgets.Dropdown(options=TENSOR_PARALLEL_CHOICES, value=spec.engine.tensor_parallel,
+                                     description="GPUs per instance", disabled=spec.profile is not None, style=style)
         self.status = widgets.HTML()
         self.figure = go.FigureWidget(layout={"title": {"text": ""}, "yaxis_title": "milliseconds",
                                               "yaxis_type": "log", "height": 380})
         self.figure.add_bar(x=[label for label, _ in SIM_BARS], y=[0.0] * len(SIM_BARS))
         self.summary: dict = {}
-        for control in (self.threshold, self.prefill, self.decode, self.rate, self.link):
+        for control in (self.threshold, self.prefill, self.decode, self.rate, self.link, self.gpus):
             control.observe(lambda _change: self.apply(), names="value")
         self.widget = widgets.VBox([widgets.HBox([self.threshold, self.rate, self.link]),
-                                    widgets.HBox([self.prefill, self.decode]), self.status, self.figure])
+                                    widgets.HBox([self.prefill, self.decode, self.gpus]), self.status, self.figure])
         self.apply()
 
     def current(self) -> SimSpec:
         return sim_variant(self.spec, threshold=self.threshold.value, prefill=self.prefill.value,
-                           decode=self.decode.value, rate=self.rate.value, link=self.link.value)
+                           decode=self.decode.value, rate=self.rate.value, link=self.link.value,
+                           tensor_parallel=None if self.gpus.disabled else self.gpus.value)
 
     def apply(self) -> dict:
+        """Simulate the panel's settings and redraw; settings the simulator refuses (a model that does not fit
+        its GPUs, heads that do not split over them) are said in the status line, the last figure kept."""
         spec = self.current()
-        self.summary, _ = simulate(spec, catalog=self.catalog)
+        try:
+            self.summary, _ = simulate(spec, catalog=self.catalog)
+        except (ConfigError, ValueError) as error:
+            self.status.value = f"<span style='color:#b00'>not simulated: {html.escape(str(error))}</span>"
+            return self.summary
         goodput = self.summary["goodput"]
         pools = spec.pools
         shape = f"{pools.colocated} colocated" if pools.colocated else f"{pools.prefill}P{pools.decode}D"
