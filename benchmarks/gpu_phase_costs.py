@@ -16,7 +16,8 @@ for the box's Python version) and install them with `pip install --no-index`.
 
 It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
 shard would be), times them with CUDA events (the wall clock on a CPU), scales the per-layer time to the model's
-depth and adds a measured LM-head matmul. No all-reduce is measured (one GPU). The output,
+depth and adds a measured LM-head matmul. No all-reduce is measured (one GPU; the simulator adds the
+shards' exchange to a profile of a shard). The output,
 data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's format (usable as
 `profile:` in a sim spec) and the environment.
 """

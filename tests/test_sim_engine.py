@@ -477,6 +477,36 @@ def test_a_tensor_parallel_instance_moves_its_kv_over_every_gpus_share_of_the_li
     assert reads[4] == pytest.approx(latency + wire / 4, rel=1e-6)
 
 
+def test_a_gpu_profile_of_a_shard_adds_the_exchange_and_keeps_the_gpus_memory(tmp_path) -> None:
+    """A profile `benchmarks/gpu_phase_costs.py --tensor-parallel 2` would write: its steps are one GPU's shard;
+    the simulated instance adds the shards' all-reduces over the accelerator's NVLink and sizes its KV cache from
+    the GPUs' memory, as the roofline does."""
+    import json
+
+    from pdlab.sim.costs import BASE_FEATURES, ShardCost, TensorParallelExchange
+
+    shard = [0.004, 3e-5, 1e-10, 2e-5, 1e-8]
+    path = tmp_path / "h200-tp2.json"
+    path.write_text(json.dumps({"kind": "fitted", "features": list(BASE_FEATURES), "coefficients": shard,
+                                "gpu": "NVIDIA-H200", "tensor_parallel": 2, "model": "Llama-3.1-70B",
+                                "source": "a shard's steps"}))
+    fields = {"model": "Llama-3.1-70B", "hardware": "H200-SXM-141GB", "profile": str(path)}
+    prepared = prepare(spec(**fields, engine={"tensor_parallel": 2}))
+    assert isinstance(prepared.cost, ShardCost) and "x2 over nvlink4" in prepared.cost_source
+    catalog = load_catalog()
+    exchange = TensorParallelExchange(catalog.models["Llama-3.1-70B"], 2, catalog.links["nvlink4"])
+    step = (4096, chunk_attention(4096, 0), 16, 16 * 2000)
+    assert prepared.cost.step_time(*step) == pytest.approx(
+        FittedCost(tuple(shard)).step_time(*step) + exchange.time(4096 + 16, 16 + 1), rel=1e-12)
+    roofline = prepare(spec(model="Llama-3.1-70B", hardware="H200-SXM-141GB", engine={"tensor_parallel": 2}))
+    assert prepared.kv_capacity == roofline.kv_capacity
+    with pytest.raises(ConfigError, match="engine.tensor_parallel") as error:
+        prepare(spec(**fields, engine={"tensor_parallel": 4}))
+    assert "timed a shard of 2 GPU(s)" in str(error.value)
+    with pytest.raises(ConfigError, match="timed 1 GPU"):  # the CPU tier's profile: one instance, no shards
+        prepare(spec(model="pdlab-small", profile="pdlab-small-fitted", engine={"tensor_parallel": 2}))
+
+
 def test_kv_capacity_from_memory_and_model_that_does_not_fit() -> None:
     prepared = prepare(spec(model="Llama-3.1-70B", hardware="H200-SXM-141GB", engine={"tensor_parallel": 2}))
     assert prepared.kv_capacity > 100_000

@@ -92,18 +92,40 @@ class StepCost(Protocol):
 
 
 @dataclass(frozen=True)
+class TensorParallelExchange:
+    """What the GPUs of a tensor-parallel instance exchange per step, in seconds, over `link`.
+
+    Megatron-style sharding (as vLLM does it) all-reduces each token's hidden state twice per layer (after
+    attention's output projection and after the MLP) and once after the vocab-parallel embedding, and gathers the
+    sampled rows' logits. Each collective costs the alpha-beta model's time: a latency term of 2 * ceil(log2 tp)
+    link latencies (a tree's reduce and broadcast) plus a bandwidth term of a ring's 2 * (tp - 1) / tp times the
+    message (the gather: (tp - 1) / tp). vLLM runs them between kernels, not beside them, so they add to the step."""
+
+    model: ModelShape
+    tensor_parallel: int
+    link: Link
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        m, tp, link = self.model, self.tensor_parallel, self.link
+        all_reduces, bytes_per_s = 2 * m.num_layers + 1, link.bytes_per_s
+        object.__setattr__(self, "_fixed", (all_reduces + 1) * 2 * math.ceil(math.log2(tp)) * link.latency_us / 1e6)
+        object.__setattr__(self, "_per_token",
+                           all_reduces * 2 * (tp - 1) / tp * m.hidden_size * self.dtype_bytes / bytes_per_s)
+        object.__setattr__(self, "_per_logits_row", (tp - 1) / tp * m.vocab_size * self.dtype_bytes / bytes_per_s)
+
+    def time(self, tokens: int, logits_rows: int) -> float:
+        return self._fixed + tokens * self._per_token + logits_rows * self._per_logits_row
+
+
+@dataclass(frozen=True)
 class RooflineCost:
     """Per-operation roofline: each part takes max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth).
 
     Linear layers read every weight once per step and do 2 FLOPs per weight per token; attention does
     4 * heads * head_dim FLOPs per query-key pair per layer and reads the KV cache of every decoding sequence.
     Tensor parallelism multiplies compute and bandwidth, and adds what its GPUs exchange over `interconnect`
-    (`hardware.tensor_parallel_link`): Megatron-style sharding all-reduces each token's hidden state twice per layer
-    (after attention's output projection and after the MLP) and once after the vocab-parallel embedding, and
-    gathers the sampled rows' logits. Each collective costs the alpha-beta model's time: a latency term of
-    2 * ceil(log2 tp) link latencies (a tree's reduce and broadcast) plus a bandwidth term of a ring's
-    2 * (tp - 1) / tp times the message (the gather: (tp - 1) / tp). vLLM does not overlap them with compute, so
-    they add to the step."""
+    (`hardware.tensor_parallel_link`; `TensorParallelExchange`)."""
 
     hardware: Hardware
     model: ModelShape
@@ -124,16 +146,8 @@ class RooflineCost:
         object.__setattr__(self, "_s_per_attention_pair", 4 * m.num_layers * m.num_heads * m.head_dim / flops)
         object.__setattr__(self, "_s_per_kv_token", m.kv_bytes_per_token(self.dtype_bytes) / bandwidth)
         object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3)
-        all_reduces, comm_fixed, comm_per_token, comm_per_row = 2 * m.num_layers + 1, 0.0, 0.0, 0.0
-        if tp > 1:
-            link = self.interconnect
-            latency, link_bytes_per_s = link.latency_us / 1e6, link.bytes_per_s
-            comm_fixed = (all_reduces + 1) * 2 * math.ceil(math.log2(tp)) * latency
-            comm_per_token = all_reduces * 2 * (tp - 1) / tp * m.hidden_size * self.dtype_bytes / link_bytes_per_s
-            comm_per_row = (tp - 1) / tp * m.vocab_size * self.dtype_bytes / link_bytes_per_s
-        object.__setattr__(self, "_s_comm_fixed", comm_fixed)
-        object.__setattr__(self, "_s_comm_per_token", comm_per_token)
-        object.__setattr__(self, "_s_comm_per_logits_row", comm_per_row)
+        object.__setattr__(self, "_exchange", TensorParallelExchange(m, tp, self.interconnect, self.dtype_bytes)
+                           if tp > 1 else None)
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
@@ -145,9 +159,26 @@ class RooflineCost:
         linear = max(tokens * self._s_per_linear_token + logits_rows * self._s_per_logits_row, self._s_weights)
         attention = max((prefill_attention + decode_context) * self._s_per_attention_pair,
                         (decode_context + prefill_tokens) * self._s_per_kv_token)
-        communication = (self._s_comm_fixed + tokens * self._s_comm_per_token
-                         + logits_rows * self._s_comm_per_logits_row)
-        return self._overhead + linear + attention + communication
+        exchange = self._exchange.time(tokens, logits_rows) if self._exchange is not None else 0.0
+        return self._overhead + linear + attention + exchange
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    """A step timed on one GPU's shard (`benchmarks/gpu_phase_costs.py --tensor-parallel N`), plus what the shards
+    exchange, which one GPU cannot measure."""
+
+    shard: StepCost
+    exchange: TensorParallelExchange
+
+    def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
+                  decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
+        tokens = prefill_tokens + decode_seqs
+        if tokens == 0:
+            return 0.0
+        return self.shard.step_time(prefill_tokens, prefill_attention, decode_seqs, decode_context,
+                                    fresh_attention, chunk_square) \
+            + self.exchange.time(tokens, decode_seqs + (1 if prefill_tokens else 0))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,15 @@ from pathlib import Path
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimEngine, SimSpec
 from pdlab.sim.catalog import Catalog, Hardware, Link, ModelShape, catalog_dir, load_catalog
-from pdlab.sim.costs import RooflineCost, ServingOverheads, StepCost, TransferCost, load_profile
+from pdlab.sim.costs import (
+    RooflineCost,
+    ServingOverheads,
+    ShardCost,
+    StepCost,
+    TensorParallelExchange,
+    TransferCost,
+    load_profile,
+)
 from pdlab.sim.engine import Instance, SimRequest, Simulation
 from pdlab.sim.engine import Link as LinkQueue
 from pdlab.sim.summary import summarize
@@ -85,15 +93,30 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
 
     def priced(engine: SimEngine, field: str) -> tuple[StepCost, int, str]:
         """One pool's step cost, KV capacity (tokens per instance) and where the cost comes from."""
-        if fitted is not None:
-            return (fitted, engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token),
-                    f"fitted profile {spec.profile} ({profile.get('source', '')})")
-        hardware = catalog.get("hardware", spec.hardware)
         tp = engine.tensor_parallel
+        gpu_profile = fitted is not None and profile.get("gpu") not in (None, "cpu")
+        if fitted is not None:
+            # A profile prices steps on the machine it timed; a GPU profile's instance still has `hardware`'s
+            # memory and links. One of a tensor-parallel shard (`gpu_phase_costs.py --tensor-parallel N`) lacks
+            # what the shards exchange, which one GPU cannot time: the roofline's exchange adds it.
+            shard = int(profile.get("tensor_parallel", 1))
+            if shard != tp:
+                raise ConfigError("sim spec", [(f"{field}.tensor_parallel", f"{tp}, but profile {spec.profile} "
+                                                f"timed {'a shard of ' if shard > 1 else ''}{shard} GPU(s)")])
+            cost: StepCost = fitted
+            source = f"fitted profile {spec.profile} ({profile.get('source', '')})"
+            if not gpu_profile:
+                return cost, engine.kv_cache_tokens or int(engine.kv_cache_gib * 2**30 // kv_per_token), source
+        hardware = catalog.get("hardware", spec.hardware)
         check_tensor_parallel(tp, hardware, model, spec, field)
-        cost = RooflineCost(hardware, model, spec.dtype_bytes, tp, catalog.get("links", hardware.tensor_parallel_link))
-        source = f"roofline: {spec.hardware} x{tp}" + (f" over {hardware.tensor_parallel_link}" if tp > 1 else "") \
-            + f", {spec.model}"
+        interconnect = catalog.get("links", hardware.tensor_parallel_link)
+        if fitted is None:
+            cost = RooflineCost(hardware, model, spec.dtype_bytes, tp, interconnect)
+            source = f"roofline: {spec.hardware} x{tp}"
+        elif tp > 1:
+            cost = ShardCost(fitted, TensorParallelExchange(model, tp, interconnect, spec.dtype_bytes))
+            source = f"{source}, {spec.hardware} x{tp}"
+        source += (f" over {hardware.tensor_parallel_link}" if tp > 1 else "") + f", {spec.model}"
         free = hardware.memory_gib * 2**30 * tp * engine.gpu_memory_utilization - model.params * spec.dtype_bytes
         if engine.kv_cache_tokens is None and free <= 0:
             raise ValueError(f"{spec.model} does not fit on {tp} x {spec.hardware}: raise {field}.tensor_parallel")
