@@ -507,6 +507,18 @@ def test_a_gpu_profile_of_a_shard_adds_the_exchange_and_keeps_the_gpus_memory(tm
         prepare(spec(model="pdlab-small", profile="pdlab-small-fitted", engine={"tensor_parallel": 2}))
 
 
+def test_a_copy_with_another_cost_prices_every_pool_with_it() -> None:
+    """As a fit tries costs (`dataclasses.replace(prepared, cost=...)`): without a prefill engine of its own, the
+    prefill pool takes the copy's cost too."""
+    from dataclasses import replace
+
+    from pdlab.sim.scenario import build
+
+    trial = FittedCost((0.01, 1e-5, 0.0, 1e-4, 0.0))
+    sim = build(replace(prepare(spec()), cost=trial, kv_capacity=12345))
+    assert all(inst.cost is trial and inst.kv_capacity == 12345 for inst in sim.prefill_pool + sim.decode_pool)
+
+
 def test_kv_capacity_from_memory_and_model_that_does_not_fit() -> None:
     prepared = prepare(spec(model="Llama-3.1-70B", hardware="H200-SXM-141GB", engine={"tensor_parallel": 2}))
     assert prepared.kv_capacity > 100_000

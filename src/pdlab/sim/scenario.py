@@ -37,9 +37,11 @@ class Prepared:
     kv_capacity: int
     cost_source: str
     overheads: ServingOverheads
-    prefill_cost: StepCost
-    """The prefill pool's (the same as `cost` unless `spec.prefill_engine` differs)."""
-    prefill_kv_capacity: int
+    prefill_cost: StepCost | None = None
+    """The prefill pool's where `spec.prefill_engine` makes it differ; None: `cost` (so a copy with another `cost`,
+    as a fit tries them, prices every pool with it)."""
+    prefill_kv_capacity: int | None = None
+    """Likewise, None: `kv_capacity`."""
 
 
 def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
@@ -125,8 +127,8 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
         return cost, engine.kv_cache_tokens or int(free // (kv_per_token * replicas)), source
 
     cost, capacity, source = priced(spec.engine, "engine")
-    prefill_cost, prefill_capacity, prefill_source = cost, capacity, source
-    if spec.prefill_engine is not None and spec.pools.prefill:
+    prefill_cost, prefill_capacity = None, None
+    if spec.prefill_engine is not None and spec.pools.prefill and spec.prefill_engine != spec.engine:
         prefill_cost, prefill_capacity, prefill_source = priced(spec.prefill_engine, "prefill_engine")
         if prefill_source != source:
             source = f"{source}; prefill pool: {prefill_source}"
@@ -152,10 +154,10 @@ def build(prepared: Prepared, seed: int = 0) -> Simulation:
 
     def instance(name: str, role: str) -> Instance:
         engine = spec.engine_for(role)
-        prefill = role == "prefill"
-        inst = Instance(name=name, role=role, cost=prepared.prefill_cost if prefill else prepared.cost,
+        own = role == "prefill" and prepared.prefill_cost is not None
+        inst = Instance(name=name, role=role, cost=prepared.prefill_cost if own else prepared.cost,
                         budget=engine.max_num_batched_tokens, max_seqs=engine.max_num_seqs,
-                        kv_capacity=prepared.prefill_kv_capacity if prefill else prepared.kv_capacity,
+                        kv_capacity=prepared.prefill_kv_capacity if own else prepared.kv_capacity,
                         prefix_cache=OrderedDict() if engine.enable_prefix_caching else None,
                         block_size=engine.block_size)
         if role == "prefill":
