@@ -172,10 +172,7 @@ def sim_variant(spec: SimSpec, *, threshold: int, prefill: int, decode: int, rat
     if workload.poisson is None:
         raise ValueError("the simulator panel needs a `poisson` workload (it sets its rate)")
     workload = workload.model_copy(update={"poisson": workload.poisson.model_copy(update={"rate_rps": rate})})
-    # Another link drops the spec's bandwidth and latency figures: they were the spec's link's.
-    chosen = spec.link.model_copy(update={"name": link} if link == spec.link.name else
-                                  {"name": link, "bandwidth_gbps": None, "latency_us": None})
-    update: dict = {"pools": pools, "workload": workload, "link": chosen,
+    update: dict = {"pools": pools, "workload": workload, "link": spec.link.named(link),
                     "router": spec.router.model_copy(update={"threshold": threshold})}
     if tensor_parallel is not None:
         update["engine"] = spec.engine.model_copy(update={"tensor_parallel": tensor_parallel})

@@ -29,6 +29,12 @@ class LinkChoice(Spec):
     layerwise_overlap: bool = False
     """Send each layer's KV while later layers are still computing (hides most of the transfer behind prefill)."""
 
+    def named(self, name: str | None) -> LinkChoice:
+        """This choice on the link `name`: another link drops the bandwidth and latency given for this one."""
+        if name == self.name:
+            return self
+        return self.model_copy(update={"name": name, "bandwidth_gbps": None, "latency_us": None})
+
     @model_validator(mode="after")
     def _named_or_given(self) -> LinkChoice:
         if self.name is None and (self.bandwidth_gbps is None or self.latency_us is None):

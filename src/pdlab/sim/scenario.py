@@ -92,11 +92,11 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
     if spec.profile is not None:
         fitted, profile = load_profile(resolve_profile(spec.profile))
         overheads = ServingOverheads.from_json(profile.get("overheads"))
+    gpu_profile = fitted is not None and profile.get("gpu") not in (None, "cpu")
 
     def priced(engine: SimEngine, field: str) -> tuple[StepCost, int, str]:
         """One pool's step cost, KV capacity (tokens per instance) and where the cost comes from."""
         tp = engine.tensor_parallel
-        gpu_profile = fitted is not None and profile.get("gpu") not in (None, "cpu")
         if fitted is not None:
             # A profile prices steps on the machine it timed; a GPU profile's instance still has `hardware`'s
             # memory and links. One of a tensor-parallel shard (`gpu_phase_costs.py --tensor-parallel N`) lacks

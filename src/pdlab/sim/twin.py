@@ -15,7 +15,7 @@ from typing import Any
 from pdlab.config.base import ConfigError, load_yaml, read_yaml, validate
 from pdlab.config.cluster import INSTANCE_TYPES, PoolSpec
 from pdlab.config.lab import LabSpec
-from pdlab.config.sim import SimSpec, router_settings
+from pdlab.config.sim import LinkChoice, SimSpec, router_settings
 from pdlab.sim.catalog import Catalog, load_catalog
 
 NO_EFA_LINK = "tcp-100gbe"
@@ -68,13 +68,13 @@ def cluster_fields(lab: LabSpec, catalog: Catalog | None = None, source: str = "
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """`base` with `override`'s values, tables merged key by key (a spec's `link: {concurrency: 4}` keeps the lab's
-    EFA); naming another link drops the lab's bandwidth for it, which belonged to the lab's link."""
+    EFA); naming another link drops the lab's figures for its own (`LinkChoice.named`)."""
     out = dict(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            table = dict(out[key])
-            if key == "link" and value.get("name") not in (None, table.get("name")):
-                table.pop("bandwidth_gbps", None)
+            table = out[key]
+            if key == "link" and "name" in value:
+                table = LinkChoice.model_validate(table).named(value["name"]).model_dump(exclude_none=True)
             out[key] = merged(table, value)
         else:
             out[key] = value
