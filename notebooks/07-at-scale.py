@@ -149,3 +149,8 @@ course.check(
 #    16 GPUs). Each step is faster, but a slice of it is the GPUs' all-reduces over NVLink (docs/simulator.md,
 #    "Roofline"). Which wins at 8 req/s now, colocated or disaggregated, and why does the answer differ from
 #    2 GPUs per instance?
+# 5. When the KV cache runs out: `pdlab sim run labs/sim/kv-pressure.yaml` puts 2,048-token prompts with
+#    1,024-token answers on one L40S whose cache holds 65,536 tokens. vLLM admits a prompt when the prompt fits,
+#    so the answers can outgrow the cache; then it preempts the request admitted last and later computes its
+#    prompt and its tokens again. Raise `rate_rps` from 0.3 to 0.6: where do preemptions start, and what do
+#    they do to TPOT p99? Would a second instance or a cache twice as large buy more?

@@ -30,6 +30,23 @@ def test_run_json_has_the_measured_summary_shape() -> None:
     assert "tpot_ms" in summary["short"] and "e2e_ms" in summary["long"] and "rps" in summary["goodput"]
 
 
+def test_the_kv_pressure_spec_preempts_and_a_cache_twice_as_large_does_not(tmp_path: Path) -> None:
+    import yaml
+
+    spec = yaml.safe_load((LABS / "kv-pressure.yaml").read_text())
+    result = invoke("run", str(LABS / "kv-pressure.yaml"), "--json")
+    assert result.exit_code == 0, result.output
+    tight = json.loads(result.output)
+    spec["engine"]["kv_cache_tokens"] *= 2
+    (tmp_path / "roomy.yaml").write_text(yaml.safe_dump(spec))
+    roomy = json.loads(invoke("run", str(tmp_path / "roomy.yaml"), "--json").output)
+    assert tight["preemptions"] > 0 and roomy["preemptions"] == 0
+    assert tight["requests"]["completed"] == roomy["requests"]["completed"] == spec["workload"]["poisson"][
+        "num_requests"]  # preempted requests finish too
+    assert tight["short"]["tpot_ms"]["p99"] > roomy["short"]["tpot_ms"]["p99"]  # recomputed prompts stall the rest
+    assert "preemptions" in invoke("run", str(LABS / "kv-pressure.yaml")).output
+
+
 def test_search_scores_every_split_and_names_the_best() -> None:
     spec = LABS / "llama70b-h200-efa.yaml"
     result = invoke("search", str(spec), "--gpus", "8", "--json")

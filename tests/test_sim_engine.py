@@ -11,7 +11,7 @@ from pdlab.sim.catalog import load_catalog
 from pdlab.sim.costs import FittedCost, RooflineCost, ServingOverheads, TransferCost, chunk_attention
 from pdlab.sim.engine import Instance, Link, Simulation
 from pdlab.sim.scenario import prepare, simulate
-from pdlab.sim.summary import token_times
+from pdlab.sim.summary import summarize, token_times
 from pdlab.sim.workload import Arrival
 
 # 10 ms per step + 1 ms per prefill token + 1 us per attention pair + 2 ms per decoding sequence + 1 us per
@@ -331,15 +331,59 @@ def test_chunked_prefill_budget_splits_a_long_prompt_and_keeps_decodes_running()
     assert token_times(long)[0] > token_times(short)[3]
 
 
-def test_kv_capacity_makes_requests_wait() -> None:
+def test_a_prompt_waits_for_kv_space_for_its_first_chunk() -> None:
     inst = Instance(name="colocated-0", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=150)
     sim = Simulation(router=RouterSettings(), colocated=[inst])
     a, b = sim.run([Arrival(0.0, 100, 10, "short"), Arrival(0.0, 100, 10, "short")])
-    assert token_times(b)[0] > a.finish  # b (110 tokens) fits only after a (110) leaves a 150-token cache
+    assert token_times(b)[0] > a.finish  # b's 100 tokens fit only after a (100, growing to 110) leaves 150 slots
+    assert a.preemptions == b.preemptions == 0
+    # Chunked (a 64-token budget): b's next chunk would fit beside a's first two, but its whole prompt does not.
+    chunked = Instance(name="colocated-0", role="colocated", cost=COST, budget=64, max_seqs=64, kv_capacity=150)
+    a, b = Simulation(router=RouterSettings(), colocated=[chunked]).run(
+        [Arrival(0.0, 100, 10, "short"), Arrival(0.0, 100, 10, "short")])
+    assert token_times(b)[0] > a.finish and chunked.preemptions == 0
     too_big = Simulation(router=RouterSettings(), colocated=[instance("c", "colocated")]).run(
         [Arrival(0.0, 200_000, 1, "long")])[0]
     assert too_big.failed is not None
 
+
+def _preemption_check(inst: Instance, a, b, cut: int) -> None:
+    """Two 50-token prompts with 40 tokens each, both running in 130 slots: once their growing sequences fill the
+    cache, the later one is preempted with `cut` tokens, waits for the room to compute its 50 + `cut` tokens again
+    (one slot short beside the other's), and produces the rest."""
+    assert a.preemptions == 0 and b.preemptions == 1 and inst.preemptions == 1
+    a_times, b_times = token_times(a), token_times(b)
+    assert len(a_times) == len(b_times) == 40
+    assert b_times[cut - 1] < a_times[cut + 1] and b_times[cut] > a.finish
+    assert b_times[cut] - a.finish == pytest.approx(first_chunk(50 + cut))  # recompute: one prefill of them all
+    assert list(b_times[cut + 1:] - b_times[cut:-1]) == pytest.approx(
+        [COST.step_time(0, 0, 1, 50 + cut + i) for i in range(1, 40 - cut)])
+    assert a_times[-1] - a_times[-2] == pytest.approx(COST.step_time(0, 0, 1, 89))  # a ran alone at the end
+    assert inst.kv_used == inst.context == inst.running == 0 and not inst.admitted
+
+
+def test_a_running_request_without_kv_space_preempts_the_latest_admitted_which_computes_its_tokens_again() -> None:
+    inst = Instance(name="colocated-0", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=130)
+    a, b = Simulation(router=RouterSettings(), colocated=[inst]).run(
+        [Arrival(0.0, 50, 40, "short"), Arrival(0.0, 50, 40, "short")])
+    pairs = 2 * chunk_attention(50, 0)
+    assert token_times(a)[0] == token_times(b)[0] == pytest.approx(COST.step_time(100, pairs, 0, 0, pairs))
+    _preemption_check(inst, a, b, cut=15)  # 2 x (50 + 15) = 130 slots: the 16th tokens do not fit
+    summary = summarize([a, b], stall_ms=100, ttft_slo_ms=1000, tpot_slo_ms=100)
+    assert summary["preemptions"] == 1 and summary["requests"]["completed"] == 2
+
+
+def test_a_disaggregated_request_preempted_on_its_decode_instance_is_recomputed_there() -> None:
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    prefill = instance("prefill-0", "prefill", link=Link(transfer))
+    decode = Instance(name="decode-0", role="decode", cost=COST, budget=8192, max_seqs=64, kv_capacity=130)
+    a, b = Simulation(router=RouterSettings(threshold=0), prefill=[prefill], decode=[decode]).run(
+        [Arrival(0.0, 50, 40, "long"), Arrival(0.0, 50, 40, "long")])
+    assert a.path == b.path == "disaggregated"
+    assert len(prefill.step_ends) == 1  # the prefill instance computed each prompt once, in one step
+    _preemption_check(decode, a, b, cut=14)  # b's KV arrived a step after a's (one lane)
+    assert prefill.kv_used == 0
 
 def spec(**overrides) -> SimSpec:
     base = {"model": "Llama-3.1-8B", "hardware": "H100-SXM5-80GB", "pools": {"prefill": 1, "decode": 1},

@@ -87,7 +87,8 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
     console.print(table)
     console.print(f"requests {summary['requests']}, stalls {summary['stalls']['count']}, "
                   f"goodput {summary['goodput']['rps']:.2f} req/s ({summary['goodput']['attainment']:.0%} within SLO), "
-                  f"paths {summary['paths']}, simulated in {summary['elapsed_s']:.2f} s")
+                  f"paths {summary['paths']}, preemptions {summary['preemptions']}, "
+                  f"simulated in {summary['elapsed_s']:.2f} s")
 
 
 @app.command("lab")

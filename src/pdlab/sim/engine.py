@@ -6,9 +6,13 @@ times are a contiguous run of its decode instance's step-end times, recorded as 
 expanded at the end.
 
 Modelled like vLLM's scheduler: decodes are scheduled first, prefill chunks (FCFS) fill what is left of the
-token budget; a request is admitted only when its whole sequence (prompt + output) fits in the instance's KV cache
-(so nothing is ever preempted); a disaggregated request waits in its decode instance's queue with that instance's
-own prompts before it posts its KV read; the router's threshold and replica choice are pdlab.router's own code.
+token budget; a request is admitted when its whole prompt fits in the free KV cache, and then each step's tokens
+take their KV slots as they come (so admitted prompts and growing sequences can still run out of room). When the
+running sequences' next tokens do not fit, the latest admitted request is preempted: its KV is dropped and it
+waits at the head of the queue to compute its prompt and the tokens it had produced again (vLLM's recompute; a
+preempted request's tokens are runs of steps, kept in `SimRequest.segments`). A disaggregated request waits in
+its decode instance's queue with that instance's own prompts before it gets KV space for its prompt and posts its
+read; the router's threshold and replica choice are pdlab.router's own code.
 """
 
 from __future__ import annotations
@@ -36,11 +40,25 @@ class SimRequest:
     features: RequestFeatures
     path: str = "direct"
     computed: int = 0
-    """Prompt tokens already prefilled."""
+    """Tokens of the current prefill already computed."""
     cached: int = 0
     """Of those, tokens the instance's prefix cache held when the prefill started (not computed again)."""
-    reserved: int = 0
-    """KV tokens reserved on the instance currently holding it."""
+    prefill_len: int = 0
+    """Tokens the current prefill computes: the prompt, plus the tokens produced before a preemption."""
+    produced: int = 0
+    """Output tokens produced before the latest preemption (in `segments`)."""
+    held: int = 0
+    """KV tokens held on the instance computing or sending its prefill (a decoding sequence's KV is counted in
+    its instance's `context` instead)."""
+    read_held: int = 0
+    """KV tokens its decode instance set aside for the read, until the transfer ends (then they are `held`)."""
+    remote_kv: bool = False
+    """Waiting in a decode instance's queue to read its KV from `prefill_host`."""
+    decoding: bool = False
+    """In a running batch, producing a token each step."""
+    preemptions: int = 0
+    segments: list | None = None
+    """Runs of tokens cut short by preemptions: (instance, first step, tokens)."""
     prefill_instance: str | None = None
     decode_instance: str | None = None
     prefill_start: float = math.nan
@@ -54,10 +72,10 @@ class SimRequest:
     under way (the connector polls between steps). What vLLM's transfer time (`nixl_xfer_time`) counts to."""
     prefill_host: Instance | None = None
     decode_host: Instance | None = None
-    decode_reserved: int = 0
     token_instance: Instance | None = None
     first_step: int = -1
-    """Index of the step (on `token_instance`) that produced the first token; token i came at step first_step+i."""
+    """Index of the step (on `token_instance`) that produced the run's first token; its token i came at step
+    first_step+i (the request's token `produced`+i)."""
     finish: float = math.nan
     failed: str | None = None
     """Why the request could not be served (e.g. longer than an instance's whole KV cache)."""
@@ -84,6 +102,12 @@ class Instance:
     kv_capacity: int
     link: Link | None = None
     kv_used: int = 0
+    """KV tokens held by prefills and reads (`SimRequest.held`, `read_held`); decoding sequences hold `context`."""
+    admitted: dict = field(default_factory=dict)
+    """Requests in the running batch (prefilling or decoding), in the order they joined it: vLLM preempts the
+    latest first."""
+    preemptions: int = 0
+    """Requests preempted here (vLLM's `vllm:num_preemptions`)."""
     in_flight: int = 0
     """Requests the router has in flight here (its ReplicaState view)."""
     prefill_queue: deque = field(default_factory=deque)
@@ -105,10 +129,19 @@ class Instance:
     busy: bool = False
     """Computing a step."""
     step_done: simpy.Event | None = None
+    """Fired when the step being computed ends, for whoever waits on it; made on demand."""
     prefix_cache: OrderedDict | None = None
     """With prefix caching: block hashes whose KV the instance holds, least recently used first (at most
     `kv_capacity` tokens' worth; vLLM keeps freed blocks until it needs their space)."""
     block_size: int = 16
+    busy_since: float = 0.0
+    """When its current stretch of back-to-back steps began (the sender's wake-ups run from there)."""
+    next_wake_at: float | None = None
+    """The next moment this prefill instance, computing, serves the reads waiting on it
+    (`ServingOverheads.sender_wake_s`); drawn on demand."""
+    sender_wake: simpy.Event | None = None
+    """The event for `next_wake_at`, shared by every read waiting on it."""
+    _ends: np.ndarray | None = field(default=None, repr=False)
 
     def cached_prefix(self, request: SimRequest) -> int:
         """Prompt tokens of `request` whose KV this instance holds: its leading blocks found in the prefix cache,
@@ -134,16 +167,6 @@ class Instance:
             cache.move_to_end(block)
         while len(cache) > max(self.kv_capacity // self.block_size, 1):
             cache.popitem(last=False)
-    """Fired when the step being computed ends, for whoever waits on it; made on demand."""
-    busy_since: float = 0.0
-    """When its current stretch of back-to-back steps began (the sender's wake-ups run from there)."""
-    next_wake_at: float | None = None
-    """The next moment this prefill instance, computing, serves the reads waiting on it
-    (`ServingOverheads.sender_wake_s`); drawn on demand."""
-    sender_wake: simpy.Event | None = None
-    """The event for `next_wake_at`, shared by every read waiting on it."""
-    _ends: np.ndarray | None = field(default=None, repr=False)
-
     def step_end_array(self) -> np.ndarray:
         """Step end times as a numpy array (built once, after the run)."""
         if self._ends is None or len(self._ends) != len(self.step_ends):
@@ -154,10 +177,15 @@ class Instance:
         return ReplicaState(url=self.name, in_flight=self.in_flight, running=self.running + self.prefilling,
                             waiting=len(self.prefill_queue) - self.prefilling)
 
-    def reserve_for(self, request: SimRequest) -> int:
-        """KV tokens to hold: the prompt on a prefill instance, the whole sequence elsewhere."""
+    def longest_kv(self, request: SimRequest) -> int:
+        """The most KV tokens `request` will hold here: the prompt on a prefill instance, the whole sequence
+        elsewhere (vLLM refuses to start with a cache shorter than its longest sequence)."""
         a = request.arrival
         return a.prompt_tokens if self.role == "prefill" else a.prompt_tokens + a.output_tokens
+
+    def free_kv(self) -> int:
+        """KV slots left once every running sequence has its next token's."""
+        return self.kv_capacity - self.kv_used - self.context - self.running
 
 
 class Simulation:
@@ -190,7 +218,7 @@ class Simulation:
         for i, a in enumerate(arrivals):
             features = RequestFeatures(prompt_tokens=a.prompt_tokens, block_hashes=a.prefix_hashes,
                                        session_key=a.session)
-            self.requests.append(SimRequest(id=i, arrival=a, features=features))
+            self.requests.append(SimRequest(id=i, arrival=a, features=features, prefill_len=a.prompt_tokens))
         for inst in self.prefill_pool + self.decode_pool:
             if inst.link is not None:
                 inst.link.lanes = simpy.Resource(self.env, capacity=inst.link.cost.concurrency)
@@ -256,7 +284,7 @@ class Simulation:
             target = self._choose(self.decode_strategy, self.decode_pool, request)
             request.decode_instance = target.name
             self.decisions.append((request.id, request.path, None, target.name))
-        if target.reserve_for(request) > target.kv_capacity:
+        if target.longest_kv(request) > target.kv_capacity:
             request.failed = f"sequence longer than {target.name}'s KV cache"
             return
         target.in_flight += 1
@@ -294,46 +322,69 @@ class Simulation:
 
         In vLLM's order: running decodes, then prefills already under way (FCFS chunks), then requests whose KV
         has arrived (one token each: the prompt's last token is computed again), then the waiting queue, FCFS: a
-        prompt starts its prefill, a disaggregated request gets its KV space and posts its read (taking no budget).
-        Each stage needs budget left, so a prefill that fills the budget holds back everything behind it."""
+        prompt starts its prefill, a disaggregated request gets KV space for its prompt and posts its read (taking
+        no budget). Each stage needs budget and KV space left, so a prefill that fills the budget holds back
+        everything behind it. A running request whose tokens find no KV space preempts the latest admitted ones
+        (`_preempt`); a waiting one waits, and in a step that preempted, nothing waiting is scheduled (vLLM)."""
+        queue = inst.prefill_queue
+        preempted = inst.preemptions
+        while inst.free_kv() < 0 and inst.admitted:  # each decode's next token needs a slot
+            self._preempt(inst)
         budget = inst.budget - inst.running
         chunks = []
-        queue = inst.prefill_queue
         started = 0  # requests of the queue's head whose prefill is under way
-        while started < len(queue) and budget > 0 and queue[started].reserved and queue[started].prefill_host is None:
+        while started < len(queue) and budget > 0 and queue[started].held and not queue[started].remote_kv:
             request = queue[started]
-            chunks.append((request, min(request.arrival.prompt_tokens - request.computed, budget)))
-            budget -= chunks[-1][1]
+            chunk = min(request.prefill_len - request.computed, budget)
+            while inst.free_kv() < chunk and request.held:
+                budget += self._preempt(inst)
+            if not request.held:
+                break  # it was the latest admitted: preempted itself, and the rest of the queue waits behind it
+            inst.kv_used += chunk
+            request.held += chunk
+            chunks.append((request, chunk))
+            budget -= chunk
             started += 1
-        while inst.pending_joins and budget > 0:  # transferred KV: decodes from this step on, first token at its end
+        if inst.preemptions > preempted:
+            budget = 0
+        while inst.pending_joins and budget > 0 and inst.free_kv() > 0:
+            # transferred KV: decodes from this step on, first token at its end
             request = inst.pending_joins.popleft()
             request.token_instance = inst
             request.first_step = inst.step
             inst.incoming -= 1
-            inst.running += 1
-            inst.context += request.arrival.prompt_tokens
-            inst.finish_at.setdefault(inst.step + request.arrival.output_tokens - 1, []).append(request)
+            inst.kv_used -= request.held
+            request.held = 0
+            self._start_decoding(inst, request)
+            inst.context += request.prefill_len
             budget -= 1
         while started < len(queue) and budget > 0:
             request = queue[started]
-            need = inst.reserve_for(request)
-            if inst.kv_used + need > inst.kv_capacity or \
-                    inst.running + inst.prefilling + inst.incoming >= inst.max_seqs:
-                break  # FCFS: the head waits for space, the rest wait behind it
-            inst.kv_used += need
-            if request.prefill_host is not None:  # disaggregated: post the KV read
+            if inst.running + inst.prefilling + inst.incoming >= inst.max_seqs:
+                break
+            if request.remote_kv:  # disaggregated: KV space for the prompt, then post the read
+                if inst.free_kv() < request.prefill_len:
+                    break  # FCFS: the head waits for space, the rest wait behind it
                 del queue[started]
+                inst.kv_used += request.prefill_len
+                request.read_held = request.prefill_len
+                request.remote_kv = False
                 inst.incoming += 1
-                request.decode_reserved = need
                 request.decode_host = inst
                 self.env.process(self._transfer(request))
                 continue
-            request.reserved = need
+            if inst.free_kv() < request.prefill_len:  # vLLM's scheduler_reserve_full_isl (on by default)
+                break
+            cached = inst.cached_prefix(request)
+            chunk = min(request.prefill_len - cached, budget)
+            inst.admitted[request] = None
+            inst.kv_used += cached + chunk
+            request.held = cached + chunk
             inst.prefilling += 1
             request.prefill_start = self.now
-            request.computed = request.cached = inst.cached_prefix(request)
-            chunks.append((request, min(request.arrival.prompt_tokens - request.computed, budget)))
-            budget -= chunks[-1][1]
+            request.computed = request.cached = cached
+            chunks.append((request, chunk))
+            budget -= chunk
             started += 1
         if not chunks and not inst.running:
             return None
@@ -348,6 +399,48 @@ class Simulation:
                 fresh += pairs
         return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context, fresh, square)
 
+    @staticmethod
+    def _start_decoding(inst: Instance, request: SimRequest) -> None:
+        """`request`'s first token of this run came at step `first_step`: it decodes until its last."""
+        request.decoding = True
+        inst.admitted[request] = None
+        inst.running += 1
+        left = request.arrival.output_tokens - request.produced
+        inst.finish_at.setdefault(request.first_step + left - 1, []).append(request)
+
+    def _preempt(self, inst: Instance) -> int:
+        """Preempt the request that joined `inst`'s running batch last (vLLM's FCFS policy): drop its KV and
+        put it back at the head of the waiting queue, to compute its prompt and the tokens it has produced again
+        (recompute; it keeps its place in the prefix cache). Returns the token budget it gave back."""
+        victim, _ = inst.admitted.popitem()
+        inst.preemptions += 1
+        victim.preemptions += 1
+        freed_budget = 0
+        if victim.decoding:
+            run = inst.step - victim.first_step  # tokens of this run so far
+            left = victim.arrival.output_tokens - victim.produced
+            inst.finish_at[victim.first_step + left - 1].remove(victim)
+            inst.running -= 1
+            inst.context -= victim.prefill_len + run
+            freed_budget = 1
+            if run:
+                victim.segments = (victim.segments or []) + [(inst, victim.first_step, run)]
+            victim.produced += run
+            victim.prefill_len += run
+            victim.decoding = False
+            victim.token_instance, victim.first_step = None, -1
+            queue = inst.prefill_queue
+            head = 0
+            while head < len(queue) and queue[head].held:  # prefills under way stay ahead of it
+                head += 1
+            queue.insert(head, victim)
+        else:  # prefilling: the first of the queue's requests not under way from now on
+            inst.kv_used -= victim.held
+            victim.held = 0
+            inst.prefilling -= 1
+        victim.computed = victim.cached = 0
+        return freed_budget
+
     def _end_step(self, inst: Instance, chunks: list) -> None:
         now = self.now
         inst.step_ends.append(now)
@@ -357,34 +450,38 @@ class Simulation:
         inst.context += inst.running  # every decoding sequence grew by one token
         for request, chunk in chunks:
             request.computed += chunk
-            if request.computed < request.arrival.prompt_tokens:
+            if request.computed < request.prefill_len:
                 continue
             inst.prefill_queue.popleft()  # completed prefills are always at the head (FCFS chunks)
             inst.prefilling -= 1
             request.prefill_end = now
             inst.keep_prefix(request)
             if inst.role == "prefill":
+                del inst.admitted[request]  # its KV waits for the read, outside the running batch
                 inst.in_flight -= 1
                 self._prefill_done(inst, request)
+                continue
+            request.token_instance = inst
+            request.first_step = inst.step
+            if request.arrival.output_tokens - request.produced > 1:  # decodes from the next step on
+                inst.kv_used -= request.held
+                request.held = 0
+                self._start_decoding(inst, request)
+                inst.context += request.prefill_len + 1
             else:
-                request.token_instance = inst
-                request.first_step = inst.step
-                if request.arrival.output_tokens > 1:  # decodes from the next step on
-                    inst.running += 1
-                    inst.context += request.arrival.prompt_tokens + 1
-                    inst.finish_at.setdefault(inst.step + request.arrival.output_tokens - 1, []).append(request)
-                else:
-                    self._finish(inst, request, now, decoding=False)
+                self._finish(inst, request, now)
         for request in inst.finish_at.pop(inst.step, ()):
-            self._finish(inst, request, now, decoding=True)
+            self._finish(inst, request, now)
         inst.step += 1
 
-    def _finish(self, inst: Instance, request: SimRequest, now: float, decoding: bool) -> None:
-        if decoding:
+    def _finish(self, inst: Instance, request: SimRequest, now: float) -> None:
+        if request.decoding:
+            request.decoding = False
             inst.running -= 1
-            inst.context -= request.arrival.prompt_tokens + request.arrival.output_tokens
-        inst.kv_used -= request.reserved
-        request.reserved = 0
+            inst.context -= request.prefill_len + request.arrival.output_tokens - request.produced
+        inst.kv_used -= request.held
+        request.held = 0
+        del inst.admitted[request]
         inst.in_flight -= 1
         request.finish = now
 
@@ -406,6 +503,7 @@ class Simulation:
         self.decisions.append((request.id, request.path, request.prefill_instance, decode.name))
         decode.in_flight += 1
         request.prefill_host = prefill
+        request.remote_kv = True
         # It waits in the decode instance's queue with its prompts; vLLM's scheduler gives it KV space, and the
         # connector posts its read, between steps (`_plan_step`).
         self._reach(decode, request)
@@ -471,8 +569,8 @@ class Simulation:
         request.transfer_end = self.now
         if not decode.busy:
             request.transfer_seen = self.now
-        prefill.kv_used -= request.reserved
-        request.reserved = request.decode_reserved
+        prefill.kv_used -= request.held
+        request.held, request.read_held = request.read_held, 0
         # Joins at the next step it plans: the connector reports finished reads at the end of a step (vLLM's
         # get_finished), so a read that completes while the decode instance computes waits for that step.
         decode.pending_joins.append(request)

@@ -1,7 +1,8 @@
 """Per-request timings and the run summary, in the same shape as a measured run's summary.json.
 
 Shape (per scenario): `requests.{sent,completed,failed}`, `short.*` and `long.*` with `ttft_ms`, `itl_ms`,
-`tpot_ms`, `e2e_ms` (each `{p50,p99,max,mean}`), `stalls.{count,threshold_ms}`, `goodput`, `paths`.
+`tpot_ms`, `e2e_ms` (each `{p50,p99,max,mean}`), `stalls.{count,threshold_ms}`, `goodput`, `paths`, and
+`preemptions` (the simulator's own: how often a running request lost its KV to make room and computed it again).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ def token_times(request: SimRequest) -> np.ndarray:
     """When each output token reached the client (seconds from the run's start)."""
     if request.token_instance is None or math.isnan(request.finish):
         return np.empty(0)
-    ends = request.token_instance.step_end_array()
-    return ends[request.first_step:request.first_step + request.arrival.output_tokens]
+    last = request.token_instance.step_end_array()[
+        request.first_step:request.first_step + request.arrival.output_tokens - request.produced]
+    if not request.segments:
+        return last
+    return np.concatenate([inst.step_end_array()[first:first + n] for inst, first, n in request.segments] + [last])
 
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:
@@ -77,4 +81,5 @@ def summarize(requests: Sequence[SimRequest], *, stall_ms: float, ttft_slo_ms: f
     summary["throughput"] = {"rps": len(done) / duration,
                              "output_tokens_per_s": sum(row["output_tokens"] for row in done) / duration}
     summary["paths"] = {p: sum(1 for r in requests if r.path == p) for p in ("direct", "disaggregated")}
+    summary["preemptions"] = sum(r.preemptions for r in requests)
     return summary
