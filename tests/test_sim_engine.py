@@ -348,9 +348,10 @@ def test_a_prompt_waits_for_kv_space_for_its_first_chunk() -> None:
 
 
 def _preemption_check(inst: Instance, a, b, cut: int) -> None:
-    """Two 50-token prompts with 40 tokens each, both running in 130 slots: once their growing sequences fill the
-    cache, the later one is preempted with `cut` tokens, waits for the room to compute its 50 + `cut` tokens again
-    (one slot short beside the other's), and produces the rest."""
+    """Two 50-token prompts with 40 tokens each, both running in eight 16-token blocks (four each): when their
+    sequences need a fifth block (at 65 tokens), the later one is preempted with `cut` tokens, waits for the
+    room to compute its 50 + `cut` tokens again (five blocks: three are free beside the other's five), and
+    produces the rest."""
     assert a.preemptions == 0 and b.preemptions == 1 and inst.preemptions == 1
     a_times, b_times = token_times(a), token_times(b)
     assert len(a_times) == len(b_times) == 40
@@ -363,12 +364,13 @@ def _preemption_check(inst: Instance, a, b, cut: int) -> None:
 
 
 def test_a_running_request_without_kv_space_preempts_the_latest_admitted_which_computes_its_tokens_again() -> None:
-    inst = Instance(name="colocated-0", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=130)
+    inst = Instance(name="colocated-0", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=128,
+                    block_size=16)
     a, b = Simulation(router=RouterSettings(), colocated=[inst]).run(
         [Arrival(0.0, 50, 40, "short"), Arrival(0.0, 50, 40, "short")])
     pairs = 2 * chunk_attention(50, 0)
     assert token_times(a)[0] == token_times(b)[0] == pytest.approx(COST.step_time(100, pairs, 0, 0, pairs))
-    _preemption_check(inst, a, b, cut=15)  # 2 x (50 + 15) = 130 slots: the 16th tokens do not fit
+    _preemption_check(inst, a, b, cut=15)  # the step computing each one's 15th token needs its 65th slot
     summary = summarize([a, b], stall_ms=100, ttft_slo_ms=1000, tpot_slo_ms=100)
     assert summary["preemptions"] == 1 and summary["requests"]["completed"] == 2
 
@@ -377,13 +379,32 @@ def test_a_disaggregated_request_preempted_on_its_decode_instance_is_recomputed_
     catalog = load_catalog()
     transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
     prefill = instance("prefill-0", "prefill", link=Link(transfer))
-    decode = Instance(name="decode-0", role="decode", cost=COST, budget=8192, max_seqs=64, kv_capacity=130)
+    decode = Instance(name="decode-0", role="decode", cost=COST, budget=8192, max_seqs=64, kv_capacity=128,
+                      block_size=16)
     a, b = Simulation(router=RouterSettings(threshold=0), prefill=[prefill], decode=[decode]).run(
         [Arrival(0.0, 50, 40, "long"), Arrival(0.0, 50, 40, "long")])
     assert a.path == b.path == "disaggregated"
     assert len(prefill.step_ends) == 1  # the prefill instance computed each prompt once, in one step
     _preemption_check(decode, a, b, cut=14)  # b's KV arrived a step after a's (one lane)
-    assert prefill.kv_used == 0
+    assert prefill.kv_used == 0 and decode.decode_blocks == 0 and not any(decode.grow_at.values())
+
+
+def test_kv_space_is_counted_in_whole_blocks() -> None:
+    """vLLM allocates KV in blocks (128 tokens in the CPU tier): a 129-token prompt takes two of a two-block
+    cache, so a 10-token prompt waits although 139 tokens would fit in 256 slots; and a sequence whose next
+    token opens a block needs that block before its step."""
+    inst = Instance(name="c", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=256, block_size=128)
+    a, b = Simulation(router=RouterSettings(), colocated=[inst]).run(
+        [Arrival(0.0, 129, 3, "short"), Arrival(0.0, 10, 3, "short")])
+    assert token_times(b)[0] > a.finish and a.preemptions == b.preemptions == 0
+    # Two 120-token prompts take a block each of three. The step that computes a sequence's 9th token writes its
+    # 129th slot, in a second block, and the cache has one more: the later request is preempted there, with 9.
+    inst = Instance(name="c", role="colocated", cost=COST, budget=8192, max_seqs=64, kv_capacity=384, block_size=128)
+    a, b = Simulation(router=RouterSettings(), colocated=[inst]).run(
+        [Arrival(0.0, 120, 20, "short"), Arrival(0.0, 120, 20, "short")])
+    assert a.preemptions == 0 and b.preemptions == 1
+    assert b.segments is not None and b.segments[0][2] == 9 and len(token_times(b)) == 20
+    assert inst.kv_used == inst.decode_blocks == inst.context == 0
 
 def spec(**overrides) -> SimSpec:
     base = {"model": "Llama-3.1-8B", "hardware": "H100-SXM5-80GB", "pools": {"prefill": 1, "decode": 1},

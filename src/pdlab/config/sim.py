@@ -76,7 +76,8 @@ class SimEngine(Spec):
     enable_prefix_caching: bool = False
     """Reuse the KV of a prompt's leading blocks already computed on the instance (requests need `prefix_hashes`)."""
     block_size: int = Field(default=16, gt=0)
-    """Tokens per KV block: the unit prefix caching reuses (and the router hashes)."""
+    """Tokens per KV block: the unit KV space is allocated in, prefix caching reuses and the router hashes
+    (vLLM's default: 16 on GPUs, 128 on CPUs)."""
 
 
 class SLO(Spec):

@@ -48,10 +48,13 @@ class SimRequest:
     produced: int = 0
     """Output tokens produced before the latest preemption (in `segments`)."""
     held: int = 0
-    """KV tokens held on the instance computing or sending its prefill (a decoding sequence's KV is counted in
-    its instance's `context` instead)."""
+    """KV tokens held on the instance computing or sending its prefill (in whole blocks there)."""
     read_held: int = 0
     """KV tokens its decode instance set aside for the read, until the transfer ends (then they are `held`)."""
+    blocks: int = 0
+    """KV blocks it holds while decoding."""
+    grows_at: int = -1
+    """While decoding: the step of its instance that needs its next block."""
     remote_kv: bool = False
     """Waiting in a decode instance's queue to read its KV from `prefill_host`."""
     decoding: bool = False
@@ -102,7 +105,11 @@ class Instance:
     kv_capacity: int
     link: Link | None = None
     kv_used: int = 0
-    """KV tokens held by prefills and reads (`SimRequest.held`, `read_held`); decoding sequences hold `context`."""
+    """KV blocks held by prefills and reads (`SimRequest.held`, `read_held`, rounded up to blocks)."""
+    decode_blocks: int = 0
+    """KV blocks of the decoding sequences, as the next step needs them."""
+    grow_at: dict = field(default_factory=dict)
+    """Step -> decoding requests that need one more block from that step on (every `block_size` tokens)."""
     admitted: dict = field(default_factory=dict)
     """Requests in the running batch (prefilling or decoding), in the order they joined it: vLLM preempts the
     latest first."""
@@ -183,9 +190,17 @@ class Instance:
         a = request.arrival
         return a.prompt_tokens if self.role == "prefill" else a.prompt_tokens + a.output_tokens
 
-    def free_kv(self) -> int:
-        """KV slots left once every running sequence has its next token's."""
-        return self.kv_capacity - self.kv_used - self.context - self.running
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def free_blocks(self) -> int:
+        """KV blocks left once every running sequence has the slot of the token its next step computes."""
+        return self.kv_capacity // self.block_size - self.kv_used - self.decode_blocks
+
+    @property
+    def blocks_short(self) -> bool:
+        """The running sequences need more blocks than the cache has (a hot path: one test per step)."""
+        return self.kv_used + self.decode_blocks > self.kv_capacity // self.block_size
 
 
 class Simulation:
@@ -284,7 +299,7 @@ class Simulation:
             target = self._choose(self.decode_strategy, self.decode_pool, request)
             request.decode_instance = target.name
             self.decisions.append((request.id, request.path, None, target.name))
-        if target.longest_kv(request) > target.kv_capacity:
+        if target.blocks_for(target.longest_kv(request)) > target.kv_capacity // target.block_size:
             request.failed = f"sequence longer than {target.name}'s KV cache"
             return
         target.in_flight += 1
@@ -328,7 +343,7 @@ class Simulation:
         (`_preempt`); a waiting one waits, and in a step that preempted, nothing waiting is scheduled (vLLM)."""
         queue = inst.prefill_queue
         preempted = inst.preemptions
-        while inst.free_kv() < 0 and inst.admitted:  # each decode's next token needs a slot
+        while inst.blocks_short and inst.admitted:  # each decode's next token needs a slot
             self._preempt(inst)
         budget = inst.budget - inst.running
         chunks = []
@@ -336,26 +351,28 @@ class Simulation:
         while started < len(queue) and budget > 0 and queue[started].held and not queue[started].remote_kv:
             request = queue[started]
             chunk = min(request.prefill_len - request.computed, budget)
-            while inst.free_kv() < chunk and request.held:
+            more = inst.blocks_for(request.held + chunk) - inst.blocks_for(request.held)
+            while inst.free_blocks() < more and request.held:
                 budget += self._preempt(inst)
             if not request.held:
                 break  # it was the latest admitted: preempted itself, and the rest of the queue waits behind it
-            inst.kv_used += chunk
+            inst.kv_used += more
             request.held += chunk
             chunks.append((request, chunk))
             budget -= chunk
             started += 1
         if inst.preemptions > preempted:
             budget = 0
-        while inst.pending_joins and budget > 0 and inst.free_kv() > 0:
-            # transferred KV: decodes from this step on, first token at its end
+        while inst.pending_joins and budget > 0:
+            # transferred KV (its blocks taken when the read was posted): decodes from this step on, first token
+            # at its end
             request = inst.pending_joins.popleft()
             request.token_instance = inst
             request.first_step = inst.step
             inst.incoming -= 1
-            inst.kv_used -= request.held
+            inst.kv_used -= inst.blocks_for(request.held)
             request.held = 0
-            self._start_decoding(inst, request)
+            self._start_decoding(inst, request, inst.step, request.prefill_len)
             inst.context += request.prefill_len
             budget -= 1
         while started < len(queue) and budget > 0:
@@ -363,22 +380,22 @@ class Simulation:
             if inst.running + inst.prefilling + inst.incoming >= inst.max_seqs:
                 break
             if request.remote_kv:  # disaggregated: KV space for the prompt, then post the read
-                if inst.free_kv() < request.prefill_len:
+                if inst.free_blocks() < inst.blocks_for(request.prefill_len):
                     break  # FCFS: the head waits for space, the rest wait behind it
                 del queue[started]
-                inst.kv_used += request.prefill_len
+                inst.kv_used += inst.blocks_for(request.prefill_len)
                 request.read_held = request.prefill_len
                 request.remote_kv = False
                 inst.incoming += 1
                 request.decode_host = inst
                 self.env.process(self._transfer(request))
                 continue
-            if inst.free_kv() < request.prefill_len:  # vLLM's scheduler_reserve_full_isl (on by default)
+            if inst.free_blocks() < inst.blocks_for(request.prefill_len):  # vLLM's scheduler_reserve_full_isl
                 break
             cached = inst.cached_prefix(request)
             chunk = min(request.prefill_len - cached, budget)
             inst.admitted[request] = None
-            inst.kv_used += cached + chunk
+            inst.kv_used += inst.blocks_for(cached + chunk)
             request.held = cached + chunk
             inst.prefilling += 1
             request.prefill_start = self.now
@@ -400,13 +417,26 @@ class Simulation:
         return chunks, inst.cost.step_time(prefill_tokens, attention, inst.running, inst.context, fresh, square)
 
     @staticmethod
-    def _start_decoding(inst: Instance, request: SimRequest) -> None:
-        """`request`'s first token of this run came at step `first_step`: it decodes until its last."""
+    def _start_decoding(inst: Instance, request: SimRequest, step: int, slots: int) -> None:
+        """`request`'s first token of this run came at step `first_step`: it decodes until its last. At `step` its
+        sequence needs `slots` KV slots, one more each step after: a new block every `block_size` steps."""
         request.decoding = True
         inst.admitted[request] = None
         inst.running += 1
         left = request.arrival.output_tokens - request.produced
         inst.finish_at.setdefault(request.first_step + left - 1, []).append(request)
+        request.blocks = inst.blocks_for(slots)
+        inst.decode_blocks += request.blocks
+        request.grows_at = step + ((1 - slots) % inst.block_size or inst.block_size)  # where slots % size is 1
+        inst.grow_at.setdefault(request.grows_at, []).append(request)
+
+    @staticmethod
+    def _stop_decoding(inst: Instance, request: SimRequest) -> None:
+        request.decoding = False
+        inst.running -= 1
+        inst.decode_blocks -= request.blocks
+        request.blocks = 0
+        inst.grow_at[request.grows_at].remove(request)
 
     def _preempt(self, inst: Instance) -> int:
         """Preempt the request that joined `inst`'s running batch last (vLLM's FCFS policy): drop its KV and
@@ -420,14 +450,13 @@ class Simulation:
             run = inst.step - victim.first_step  # tokens of this run so far
             left = victim.arrival.output_tokens - victim.produced
             inst.finish_at[victim.first_step + left - 1].remove(victim)
-            inst.running -= 1
+            self._stop_decoding(inst, victim)
             inst.context -= victim.prefill_len + run
             freed_budget = 1
             if run:
                 victim.segments = (victim.segments or []) + [(inst, victim.first_step, run)]
             victim.produced += run
             victim.prefill_len += run
-            victim.decoding = False
             victim.token_instance, victim.first_step = None, -1
             queue = inst.prefill_queue
             head = 0
@@ -435,7 +464,7 @@ class Simulation:
                 head += 1
             queue.insert(head, victim)
         else:  # prefilling: the first of the queue's requests not under way from now on
-            inst.kv_used -= victim.held
+            inst.kv_used -= inst.blocks_for(victim.held)
             victim.held = 0
             inst.prefilling -= 1
         victim.computed = victim.cached = 0
@@ -464,22 +493,28 @@ class Simulation:
             request.token_instance = inst
             request.first_step = inst.step
             if request.arrival.output_tokens - request.produced > 1:  # decodes from the next step on
-                inst.kv_used -= request.held
+                inst.kv_used -= inst.blocks_for(request.held)
                 request.held = 0
-                self._start_decoding(inst, request)
+                self._start_decoding(inst, request, inst.step + 1, request.prefill_len + 1)
                 inst.context += request.prefill_len + 1
             else:
                 self._finish(inst, request, now)
         for request in inst.finish_at.pop(inst.step, ()):
             self._finish(inst, request, now)
         inst.step += 1
+        growing = inst.grow_at.pop(inst.step, None)
+        if growing:
+            inst.decode_blocks += len(growing)
+            inst.grow_at.setdefault(inst.step + inst.block_size, []).extend(growing)
+            for request in growing:
+                request.blocks += 1
+                request.grows_at += inst.block_size
 
     def _finish(self, inst: Instance, request: SimRequest, now: float) -> None:
         if request.decoding:
-            request.decoding = False
-            inst.running -= 1
+            self._stop_decoding(inst, request)
             inst.context -= request.prefill_len + request.arrival.output_tokens - request.produced
-        inst.kv_used -= request.held
+        inst.kv_used -= inst.blocks_for(request.held)
         request.held = 0
         del inst.admitted[request]
         inst.in_flight -= 1
@@ -569,7 +604,7 @@ class Simulation:
         request.transfer_end = self.now
         if not decode.busy:
             request.transfer_seen = self.now
-        prefill.kv_used -= request.held
+        prefill.kv_used -= prefill.blocks_for(request.held)
         request.held, request.read_held = request.read_held, 0
         # Joins at the next step it plans: the connector reports finished reads at the end of a step (vLLM's
         # get_finished), so a read that completes while the decode instance computes waits for that step.
