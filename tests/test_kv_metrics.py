@@ -24,6 +24,7 @@ def vllm_like_registry():
                           buckets=[10, 100, 1000, 10000]),
         "failed": Counter("vllm:nixl_num_failed_transfers", "failed", LABELS, registry=registry),
         "expired": Counter("vllm:nixl_num_kv_expired_reqs", "expired", LABELS, registry=registry),
+        "preempted": Counter("vllm:num_preemptions", "preemptions", LABELS, registry=registry),
     }
     return registry, metrics
 
@@ -41,6 +42,8 @@ def test_sums_over_engines_and_derives_means():
     observe(metrics, "0", [(0.004, 0.001, 15_500_000, 64), (0.006, 0.002, 4_500_000, 16)])
     observe(metrics, "1", [(0.010, 0.003, 10_000_000, 40)])
     metrics["failed"].labels("pdlab-small", "1").inc(2)
+    metrics["preempted"].labels("pdlab-small", "0").inc(3)
+    metrics["preempted"].labels("pdlab-small", "1").inc(1)
     stats = parse_kv_transfer(generate_latest(registry).decode())
     assert stats.transfers == 3
     assert stats.bytes == 30_000_000
@@ -49,6 +52,7 @@ def test_sums_over_engines_and_derives_means():
     assert stats.descriptors == 120
     assert stats.failed_transfers == 2
     assert stats.kv_expired == 0
+    assert stats.preemptions == 4
     assert stats.mean_bytes == 10_000_000
     assert stats.mean_xfer_ms == pytest.approx(20 / 3)
     assert stats.throughput_mb_s == pytest.approx(1500.0)  # 30 MB in 20 ms

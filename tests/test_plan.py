@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pdlab.config import DeploymentSpec, validate
+from pdlab.config.base import ConfigError
 from pdlab.deploy.plan import PlanError, assign_ports, check_cores, plan_deployment, port_in_use
 from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT
 
@@ -66,6 +67,18 @@ def test_colocated_has_no_connector_and_engine_knobs_pass_through():
     assert plan.argv[plan.argv.index("--max-num-batched-tokens") + 1] == "256"
     assert "--enable-chunked-prefill" in plan.argv and plan.argv[-2:] == ["--seed", "3"]
     assert plan.argv[0] != "taskset" and plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_a_cache_in_blocks_overrides_vllms_and_must_hold_one_context():
+    def spec(max_model_len: int | None) -> dict:
+        return {"model": {"name": "pdlab-small", "max_model_len": max_model_len}, "connector": {"kind": "none"},
+                "instances": [{"name": "colocated-0", "role": "colocated", "engine": {"kv_cache_blocks": 24}}]}
+
+    (plan,) = plan_deployment(validate(DeploymentSpec, spec(2048)), "/models/x", base_env={}, cores=[0, 1])
+    assert plan.argv[plan.argv.index("--num-gpu-blocks-override") + 1] == "24"
+    for too_long in (None, 4096):  # 24 blocks of 128 tokens hold 3,072
+        with pytest.raises(ConfigError, match=r"instances\.0\.engine\.kv_cache_blocks.*3,072.*max_model_len"):
+            validate(DeploymentSpec, spec(too_long))
 
 
 def test_lmcache_is_refused_locally_with_a_pointer():

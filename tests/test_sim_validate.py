@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from pdlab.cli import app
 from pdlab.config.sim import SimSpec
 from pdlab.sim.costs import FEATURES, CalibrationPoint, FittedCost, ServingOverheads, fit_profile
-from pdlab.sim.scenario import simulate
+from pdlab.sim.scenario import resolve_profile, simulate
 from pdlab.sim.summary import token_times
-from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, sampling_intervals, validate_runs
+from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, replay_of, sampling_intervals, validate_runs
 
 TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6, 1e-8))
 #: The same, with its premium on the chunks' squares (what a fit through the simulator prices by default).
@@ -326,7 +326,7 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     deployment = run / "disaggregated" / "deployment"
     deployment.mkdir(parents=True)
     spec = {"instances": [{"name": "prefill-0", "role": "prefill", "engine": {"max_num_batched_tokens": 512}},
-                          {"name": "decode-0", "role": "decode", "engine": {}}],
+                          {"name": "decode-0", "role": "decode", "engine": {"kv_cache_blocks": 24}}],
             "router": {"threshold": 2048}}
     (deployment / "deployment.json").write_text(json.dumps({"spec": spec}))
     (run / "sweep.csv").write_text("scenario,threshold,short_itl_p99_ms\ndisaggregated,1024,20.0\n")
@@ -345,6 +345,9 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     assert (shape.prefill, shape.decode, shape.colocated) == (1, 1, 0)
     assert shape.threshold == 1024  # the sweep's value, not the deployment's 2048
     assert shape.max_num_batched_tokens == 512
+    assert shape.kv_cache_tokens == 24 * 128  # a cache set in blocks of vLLM's CPU size
+    assert replay_of(point, resolve_profile(Path("pdlab-small-fitted")), model="pdlab-small").spec.engine \
+        .kv_cache_tokens == 24 * 128
 
 
 def test_the_simulators_percentiles_are_averaged_over_seeds_not_pooled() -> None:

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pdlab.config.base import Spec
 from pdlab.config.router import KVProtocol, RouterSpec
-from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL
+from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL, VLLM_CPU_BLOCK_SIZE
 
 Role = Literal["prefill", "decode", "colocated"]
 
@@ -38,6 +38,9 @@ class EngineOptions(Spec):
     """Most sequences batched together."""
     block_size: int | None = Field(default=None, gt=0)
     """Tokens per KV block (vLLM's CPU default is 128 for this model class)."""
+    kv_cache_blocks: int | None = Field(default=None, gt=0)
+    """KV cache size in blocks, in place of what `kv_cache_gib` holds (vLLM's `--num-gpu-blocks-override`): a
+    cache small enough to run out, to watch vLLM preempt. Must hold the model's context (`max_model_len`)."""
     enforce_eager: bool = True
     """Skip torch.compile: it costs 40+ s of warm-up per new shape on 2 cores."""
     extra_args: list[str] = []
@@ -164,6 +167,13 @@ class DeploymentSpec(Spec):
         for i, inst in enumerate(self.instances):
             if inst.node is not None and inst.node not in node_names:
                 raise ValueError(f"instances.{i}.node: unknown node {inst.node!r}; nodes: {sorted(node_names)}")
+            if (blocks := inst.engine.kv_cache_blocks) is not None:
+                # vLLM refuses to start when its cache cannot hold one whole context: say so before it starts.
+                tokens = blocks * (inst.engine.block_size or VLLM_CPU_BLOCK_SIZE)
+                if self.model.max_model_len is None or self.model.max_model_len > tokens:
+                    raise ValueError(f"instances.{i}.engine.kv_cache_blocks: {blocks} blocks hold {tokens:,} tokens; "
+                                     f"set model.max_model_len to at most that (now {self.model.max_model_len}), "
+                                     "as vLLM will not start with a cache shorter than one context")
         return self
 
     @property

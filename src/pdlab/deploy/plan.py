@@ -114,7 +114,8 @@ def vllm_argv(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, python: 
     if engine.enable_chunked_prefill is not None:
         argv.append("--enable-chunked-prefill" if engine.enable_chunked_prefill else "--no-enable-chunked-prefill")
     for flag, value in (("--max-num-batched-tokens", engine.max_num_batched_tokens),
-                        ("--max-num-seqs", engine.max_num_seqs), ("--block-size", engine.block_size)):
+                        ("--max-num-seqs", engine.max_num_seqs), ("--block-size", engine.block_size),
+                        ("--num-gpu-blocks-override", engine.kv_cache_blocks)):
         if value is not None:
             argv += [flag, str(value)]
     if (config := kv_transfer_config(spec, inst)) is not None:

@@ -61,6 +61,9 @@ def print_comparison(run_dir: Path) -> None:
         if kv.get("transfers"):
             console.print(f"{name}: NIXL moved {kv['bytes'] / 2**20:,.1f} MiB of KV cache in {kv['transfers']:g} "
                           f"transfers (mean {kv['mean_xfer_ms']:.1f} ms each), prefill instance -> decode instance")
+        if kv.get("preemptions"):
+            console.print(f"{name}: vLLM preempted {kv['preemptions']:g} requests: the KV cache ran out, and each "
+                          "computed its prompt and tokens again")
     if not summary.get("complete"):
         console.print("[yellow]This run is incomplete: it was interrupted; figures cover what was measured.[/yellow]")
 

@@ -158,12 +158,12 @@ class ExperimentRun:
 
     def measure_deployment(self, scenario: str, deployment: DeploymentLike, *, baseline: bool = False) -> pd.DataFrame:
         """`measure` against a running `pdlab.deploy.Deployment`: through its router when it has one, else its
-        first instance; NIXL figures from its decode and prefill instances."""
+        first instance; KV figures (NIXL's, and preemptions) from every instance."""
         target = deployment.router_url or next(
             iter(deployment.urls("colocated") + deployment.urls("decode") + deployment.urls("prefill")), None)
         if target is None:
             raise ValueError(f"deployment for {scenario!r} has no router and no instance to send to")
-        kv_urls = deployment.urls("decode") + deployment.urls("prefill")
+        kv_urls = deployment.urls("decode") + deployment.urls("prefill") + deployment.urls("colocated")
         rows = self.measure(scenario, target, model=deployment.served_model, model_dir=deployment.model_dir,
                             baseline=baseline, kv_urls=kv_urls)
         source = Path(getattr(deployment, "run_dir", "")) / "deployment.json"

@@ -5,7 +5,8 @@ histograms `vllm:nixl_xfer_time_seconds` (transfer duration), `vllm:nixl_post_ti
 transfer), `vllm:nixl_bytes_transferred` (bytes per transfer), `vllm:nixl_num_descriptors`; counters
 `vllm:nixl_num_failed_transfers`, `vllm:nixl_num_failed_notifications`, `vllm:nixl_num_kv_expired_reqs`,
 `vllm:nixl_num_notifications_after_expiry`. They are recorded on the instance that pulls the KV (the decode
-side), cumulative since start: scrape before and after a run and subtract.
+side), cumulative since start: scrape before and after a run and subtract. Beside them, every engine's
+`vllm:num_preemptions` counter: requests whose KV was dropped because the cache ran out (recomputed later).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ DESCRIPTORS = "vllm:nixl_num_descriptors"
 FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers"
 FAILED_NOTIFICATIONS = "vllm:nixl_num_failed_notifications"
 KV_EXPIRED = "vllm:nixl_num_kv_expired_reqs"
+PREEMPTIONS = "vllm:num_preemptions"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class KVTransferStats:
     failed_transfers: float = 0
     failed_notifications: float = 0
     kv_expired: float = 0
+    preemptions: float = 0
+    """Requests preempted (their KV dropped for lack of cache, to be recomputed)."""
 
     def __sub__(self, earlier: KVTransferStats) -> KVTransferStats:
         return KVTransferStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
@@ -82,6 +86,7 @@ def parse_kv_transfer(text: str) -> KVTransferStats:
         failed_transfers=sums.get(f"{FAILED_TRANSFERS}_total", 0.0),
         failed_notifications=sums.get(f"{FAILED_NOTIFICATIONS}_total", 0.0),
         kv_expired=sums.get(f"{KV_EXPIRED}_total", 0.0),
+        preemptions=sums.get(f"{PREEMPTIONS}_total", 0.0),
     )
 
 

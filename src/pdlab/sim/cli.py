@@ -375,6 +375,9 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         if kv := run_result.get("kv_transfer_ms"):
             console.print(f"mean KV transfer: measured {_fmt(kv['measured'])} ms (vLLM's NIXL metrics), simulated "
                           f"{_fmt(kv['simulated'])} ms")
+        if (preempted := run_result.get("preemptions")) and (preempted["measured"] or preempted["simulated"]):
+            console.print(f"requests preempted (KV cache full): measured {preempted['measured']:g} (vLLM's "
+                          f"counter), simulated {preempted['simulated']:.1f}")
     console.print(f"max error {_fmt(result['max_error_pct'])}% (goal <= {result['goal_pct']:.0f}%), median "
                   f"{_fmt(result['median_error_pct'])}%, {result['within_goal']}/{result['metrics']} metrics within "
                   "the goal")

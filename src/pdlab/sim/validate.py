@@ -78,6 +78,9 @@ class RunShape:
     prefix_caching: bool = False
     """Whether the run's instances cached prefixes: its replay hashes the prompts of its `schedule.jsonl`."""
     block_size: int = VLLM_CPU_BLOCK_SIZE
+    kv_cache_tokens: int | None = None
+    """Each instance's KV cache where the run set it in blocks (`engine.kv_cache_blocks`); else `kv_cache_gib`."""
+    kv_cache_gib: float = 1.0
 
 
 def _rows_file(run_dir: Path) -> Path:
@@ -186,6 +189,11 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
         shape.prefix_caching |= bool(engine.get("enable_prefix_caching"))
         if engine.get("block_size"):
             shape.block_size = int(engine["block_size"])
+        if engine.get("kv_cache_blocks"):
+            block = int(engine.get("block_size") or VLLM_CPU_BLOCK_SIZE)
+            shape.kv_cache_tokens = int(engine["kv_cache_blocks"]) * block
+        if inst.get("kv_cache_gib"):
+            shape.kv_cache_gib = float(inst["kv_cache_gib"])
     router = summary.get("router") or deployment.get("router") or {}
     if router.get("threshold") is not None:
         shape.threshold = int(router["threshold"])
@@ -277,7 +285,8 @@ def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | Non
         "link": {"name": "local-loopback"},
         "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
         "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs,
-                   "enable_prefix_caching": shape.prefix_caching, "block_size": shape.block_size},
+                   "enable_prefix_caching": shape.prefix_caching, "block_size": shape.block_size,
+                   "kv_cache_tokens": shape.kv_cache_tokens, "kv_cache_gib": shape.kv_cache_gib},
         "router": {"threshold": shape.threshold, "prefill_strategy": shape.prefill_strategy,
                    "decode_strategy": shape.decode_strategy},
         "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
@@ -390,8 +399,9 @@ def replay_seeds(replays: Sequence[Replay], prepared: Sequence[Prepared], seeds:
 
 def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None,
                  pooled: Sequence[Path] = (), seeds: int = VALIDATION_SEEDS) -> dict:
-    """One run's p50/p99 TTFT and ITL per class, simulated vs measured; with the mean KV transfer time beside
-    them where the run recorded one (`kv_transfer_ms`, not counted among the metrics).
+    """One run's p50/p99 TTFT and ITL per class, simulated vs measured; with the mean KV transfer time and the
+    number of preemptions beside them where the run recorded them (`kv_transfer_ms`, `preemptions`: per run,
+    the simulated one a mean over the seeds; not counted among the metrics).
 
     `pooled`: other measured runs of the same load whose requests join this run's on both sides. The measured
     percentiles are taken over every run's requests, and the simulator replays each run and pools its requests
@@ -430,7 +440,23 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     measured_s, simulated_s = measured_transfer_s(run_dir, *pooled), simulated_transfer_s(*simulations)
     if measured_s and simulated_s is not None:
         result["kv_transfer_ms"] = {"measured": measured_s * 1e3, "simulated": simulated_s * 1e3}
+    if (measured_n := measured_preemptions(run_dir, *pooled)) is not None:
+        result["preemptions"] = {"measured": measured_n,
+                                 "simulated": sum(r.preemptions for sim in simulations for r in sim.requests) / seeds}
     return result
+
+
+def measured_preemptions(*run_dirs: Path) -> float | None:
+    """Requests vLLM preempted in these runs (`kv.json`, from its `vllm:num_preemptions` counters); None where a
+    run did not record them (runs before pdlab scraped them)."""
+    total = 0.0
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "kv.json"
+        kv = json.loads(path.read_text()) if path.exists() else {}
+        if "preemptions" not in kv:
+            return None
+        total += float(kv["preemptions"])
+    return total
 
 
 def latest_validation() -> dict:
