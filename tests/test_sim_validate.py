@@ -447,3 +447,27 @@ def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(t
     cli = CliRunner().invoke(app, ["sim", "validate", str(run), "--profile", str(profile), "--out",
                                    str(tmp_path / "out"), "--no-results-copy"])
     assert cli.exit_code == 2 and "pdlab sim lab" in " ".join(cli.output.split()), cli.output
+
+
+def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions() -> None:
+    """data/results/sim-preemption/ records `pdlab sim validate` of two runs of labs/kv-pressure.yaml (a roomy
+    cache, and one of 24 blocks that vLLM ran out of): replaying them gives the recorded numbers again (the
+    simulator is seeded), the roomy cache preempts nothing on either side, and the tight one preempts in the
+    simulator within a quarter of what vLLM's counter says."""
+    from pdlab.settings import repo_root
+
+    root = repo_root()
+    recorded = json.loads((root / "data/results/sim-preemption/20261204-avx2-host/validation.json").read_text())
+    runs = [root / r["run"] for r in recorded["runs"]]
+    pooled = [root / p for r in recorded["runs"] for p in r.get("pooled", [])]
+    again = validate_runs(runs, resolve_profile(root / recorded["profile"]), model=recorded["model"],
+                          pooled=pooled, seeds=recorded["seeds"])
+    assert again["max_error_pct"] == pytest.approx(recorded["max_error_pct"], rel=1e-6)
+    assert again["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
+    roomy, tight = again["runs"]
+    assert roomy["shape"]["kv_cache_tokens"] is None and tight["shape"]["kv_cache_tokens"] == 24 * 128
+    assert roomy["preemptions"] == {"measured": 0, "simulated": 0}
+    assert tight["preemptions"]["measured"] > 0
+    assert tight["preemptions"]["simulated"] == pytest.approx(tight["preemptions"]["measured"], rel=0.25)
+    # The cache, not the load, makes the difference: the same requests wait tens of times longer for a place.
+    assert tight["errors"]["short.ttft_ms.p50"]["simulated"] > 10 * roomy["errors"]["short.ttft_ms.p50"]["simulated"]
