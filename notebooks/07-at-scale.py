@@ -153,4 +153,5 @@ course.check(
 #    1,024-token answers on one L40S whose cache holds 65,536 tokens. vLLM admits a prompt when the prompt fits,
 #    so the answers can outgrow the cache; then it preempts the request admitted last and later computes its
 #    prompt and its tokens again. Raise `rate_rps` from 0.3 to 0.6: where do preemptions start, and what do
-#    they do to TPOT p99? Would a second instance or a cache twice as large buy more?
+#    they do to TPOT p99? Would a second instance or a cache twice as large buy more? The same effect, measured
+#    on your machine: `pdlab run labs/kv-pressure.yaml` (about 5 minutes) prints how many requests vLLM preempted.
