@@ -441,7 +441,8 @@ class Simulation:
     def _preempt(self, inst: Instance) -> int:
         """Preempt the request that joined `inst`'s running batch last (vLLM's FCFS policy): drop its KV and
         put it back at the head of the waiting queue, to compute its prompt and the tokens it has produced again
-        (recompute; it keeps its place in the prefix cache). Returns the token budget it gave back."""
+        (recompute; with prefix caching, its prompt's blocks still cached are not computed again). Returns the
+        token budget it gave back."""
         victim, _ = inst.admitted.popitem()
         inst.preemptions += 1
         victim.preemptions += 1
