@@ -160,3 +160,22 @@ def test_a_prefix_caching_run_is_replayed_with_its_prompts_hashes(tmp_path: Path
     (run / "schedule.jsonl").unlink()
     with pytest.raises(ValueError, match="schedule.jsonl.*pdlab sim lab"):
         replay_of(run, profile, model="pdlab-small")
+
+
+def test_a_cache_set_in_blocks_is_each_pools_own_and_the_preemptions_are_counted() -> None:
+    """labs/kv-pressure.yaml: the tight scenarios' caches are 24 blocks of vLLM's CPU size, the P/D scenario's on
+    its decode instance only; at the speed of the host its runs were measured on, both preempt, as vLLM did
+    there (docs/simulator.md, "KV pressure, measured"), and the roomy cache does not."""
+    lab = load_lab(LABS / "kv-pressure.yaml")
+    model_dir = resolve(lab.scenarios["roomy"].model.name, make=False)
+    points = {p.name: p.spec for p in lab_points(lab, lab_requests(lab, model_dir=model_dir, quick=True))}
+    assert points["tight"].engine.kv_cache_tokens == 24 * 128 and points["roomy"].engine.kv_cache_tokens is None
+    assert points["tight_pd"].engine_for("decode").kv_cache_tokens == 24 * 128
+    assert points["tight_pd"].engine_for("prefill").kv_cache_tokens is None  # the prefill instance keeps 1 GiB
+    slow = str(repo_root() / "data/results/sim-profiles/pdlab-small-fitted-speed-20261204-104958.json")
+    result = CliRunner().invoke(app, ["sim", "lab", str(LABS / "kv-pressure.yaml"), "--profile", slow,
+                                      "--seeds", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)["points"]
+    assert found["roomy"]["preemptions"] == 0
+    assert found["tight"]["preemptions"] > 0 and found["tight_pd"]["preemptions"] > 0

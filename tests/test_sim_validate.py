@@ -345,9 +345,11 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     assert (shape.prefill, shape.decode, shape.colocated) == (1, 1, 0)
     assert shape.threshold == 1024  # the sweep's value, not the deployment's 2048
     assert shape.max_num_batched_tokens == 512
-    assert shape.kv_cache_tokens == 24 * 128  # a cache set in blocks of vLLM's CPU size
-    assert replay_of(point, resolve_profile(Path("pdlab-small-fitted")), model="pdlab-small").spec.engine \
-        .kv_cache_tokens == 24 * 128
+    assert shape.kv_cache_tokens == 24 * 128  # a cache set in blocks of vLLM's CPU size, on the decode instance
+    assert shape.prefill_kv_cache_tokens is None
+    replayed = replay_of(point, resolve_profile(Path("pdlab-small-fitted")), model="pdlab-small").spec
+    assert replayed.engine_for("decode").kv_cache_tokens == 24 * 128
+    assert replayed.engine_for("prefill").kv_cache_tokens is None  # the prefill instance kept its 1 GiB
 
 
 def test_the_simulators_percentiles_are_averaged_over_seeds_not_pooled() -> None:

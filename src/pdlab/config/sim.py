@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from pdlab.config.base import Spec
-from pdlab.config.deployment import DeploymentSpec
+from pdlab.config.deployment import DeploymentSpec, InstanceSpec
 from pdlab.config.router import RouterSettings
 from pdlab.sim.workload import SimWorkload
 
@@ -136,18 +136,29 @@ class SimSpec(Spec):
         deployment leaves to vLLM take `engine_defaults` (vLLM's own defaults where it will run: on pdlab's CPU
         tier a 2,048-token budget, `pdlab.settings`), else the sim spec's."""
         counts = {role: len(deployment.by_role(role)) for role in ("prefill", "decode", "colocated")}
-        engine: dict = dict(engine_defaults or {})
-        first = deployment.instances[0]
-        if first.engine.max_num_batched_tokens:
-            engine["max_num_batched_tokens"] = first.engine.max_num_batched_tokens
-        if first.engine.max_num_seqs:
-            engine["max_num_seqs"] = first.engine.max_num_seqs
-        engine["kv_cache_gib"] = first.kv_cache_gib
-        engine["enable_prefix_caching"] = first.engine.enable_prefix_caching
-        if first.engine.block_size:
-            engine["block_size"] = first.engine.block_size
+        serving = (deployment.by_role("colocated") + deployment.by_role("decode") + deployment.instances)[0]
+        engine = _engine_of(serving, engine_defaults or {})
+        prefill = deployment.by_role("prefill")
+        if prefill and (prefill_engine := _engine_of(prefill[0], engine_defaults or {})) != engine:
+            fields.setdefault("prefill_engine", prefill_engine)
         router = router_settings(deployment)
         data = {"name": deployment.name, "model": deployment.model.name, "pools": counts, "engine": engine,
                 "router": router, "workload": workload,
                 "dtype_bytes": 4 if deployment.model.dtype == "float32" else 2, **fields}
         return cls.model_validate(data)
+
+
+def _engine_of(inst: InstanceSpec, defaults: dict) -> dict:
+    """A real instance's engine as the simulator's: what it sets, else `defaults` (vLLM's where it runs)."""
+    engine = dict(defaults)
+    if inst.engine.max_num_batched_tokens:
+        engine["max_num_batched_tokens"] = inst.engine.max_num_batched_tokens
+    if inst.engine.max_num_seqs:
+        engine["max_num_seqs"] = inst.engine.max_num_seqs
+    engine["kv_cache_gib"] = inst.kv_cache_gib
+    engine["enable_prefix_caching"] = inst.engine.enable_prefix_caching
+    if inst.engine.block_size:
+        engine["block_size"] = inst.engine.block_size
+    if inst.engine.kv_cache_blocks:  # a cache set in blocks (vLLM's --num-gpu-blocks-override)
+        engine["kv_cache_tokens"] = inst.engine.kv_cache_blocks * engine.get("block_size", SimEngine().block_size)
+    return engine

@@ -134,6 +134,9 @@ def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.y
                               _ms(metrics["ttft_ms"].get("p99")), _ms(metrics["itl_ms"].get("p50")),
                               _ms(metrics["itl_ms"].get("p99")))
     console.print(table)
+    if preempted := {name: point["preemptions"] for name, point in points.items() if point.get("preemptions")}:
+        console.print("requests preempted (KV cache full), mean of the seeds: "
+                      + ", ".join(f"{name} {count:.1f}" for name, count in preempted.items()))
     events = " Timed events (instance kills) are not simulated." if lab.experiment.events else ""
     console.print(f"simulated in {time.perf_counter() - start:.1f} s; measure it with `pdlab run {lab_path}`, then "
                   f"compare with `pdlab sim validate runs/{lab.name}/RUN/SCENARIO ...`.{events}")

@@ -106,9 +106,9 @@ def lab_points(lab: LabSpec, requests: Sequence[SimRequestSpec], *, profile: str
 def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PROFILE, quick: bool = False,
                  duration_s: float | None = None, only: Sequence[str] = (), seeds: int = VALIDATION_SEEDS,
                  progress: Callable[[str], None] = lambda _: None) -> dict[str, dict]:
-    """Per point (`lab_points`): the requests sent and, per class, their count and p50 and p99 TTFT and ITL, each
-    averaged over `seeds` simulations (as `pdlab sim validate` does: step jitter and a busy sender's wake-ups are
-    random)."""
+    """Per point (`lab_points`): the requests sent, the requests preempted and, per class, their count and p50 and
+    p99 TTFT and ITL, each averaged over `seeds` simulations (as `pdlab sim validate` does: step jitter and a busy
+    sender's wake-ups are random)."""
     _needs_scenarios(lab)
     requests = lab_requests(lab, model_dir=model_dir, quick=quick, duration_s=duration_s)
     out = {}
@@ -121,7 +121,8 @@ def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PRO
             summaries.append(summarize_requests(point.spec, sim.run(arrivals(point.spec.workload))))
         classes = {cls: {"count": summaries[0][cls]["count"], **metrics}
                    for cls, metrics in seed_mean(summaries).items()}
-        out[point.name] = {"requests": len(point.spec.workload.requests), "seeds": seeds, **classes}
+        out[point.name] = {"requests": len(point.spec.workload.requests), "seeds": seeds,
+                           "preemptions": sum(s["preemptions"] for s in summaries) / seeds, **classes}
     return out
 
 

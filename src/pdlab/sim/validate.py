@@ -79,7 +79,10 @@ class RunShape:
     """Whether the run's instances cached prefixes: its replay hashes the prompts of its `schedule.jsonl`."""
     block_size: int = VLLM_CPU_BLOCK_SIZE
     kv_cache_tokens: int | None = None
-    """Each instance's KV cache where the run set it in blocks (`engine.kv_cache_blocks`); else `kv_cache_gib`."""
+    """The decode or colocated instances' KV cache where the run set it in blocks (`engine.kv_cache_blocks`);
+    else `kv_cache_gib`."""
+    prefill_kv_cache_tokens: int | None = None
+    """The same for the prefill instances."""
     kv_cache_gib: float = 1.0
 
 
@@ -190,8 +193,8 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
         if engine.get("block_size"):
             shape.block_size = int(engine["block_size"])
         if engine.get("kv_cache_blocks"):
-            block = int(engine.get("block_size") or VLLM_CPU_BLOCK_SIZE)
-            shape.kv_cache_tokens = int(engine["kv_cache_blocks"]) * block
+            tokens = int(engine["kv_cache_blocks"]) * int(engine.get("block_size") or VLLM_CPU_BLOCK_SIZE)
+            setattr(shape, "prefill_kv_cache_tokens" if role == "prefill" else "kv_cache_tokens", tokens)
         if inst.get("kv_cache_gib"):
             shape.kv_cache_gib = float(inst["kv_cache_gib"])
     router = summary.get("router") or deployment.get("router") or {}
@@ -280,13 +283,16 @@ def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | Non
     arrivals = sorted((Arrival(r.start - origin, r.prompt_tokens, r.output_tokens, r.cls,
                                prefix_hashes=hashes.get(r.request_id, ())) for r in rows),
                       key=lambda a: a.at_s)
+    engine = {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs,
+              "enable_prefix_caching": shape.prefix_caching, "block_size": shape.block_size,
+              "kv_cache_tokens": shape.kv_cache_tokens, "kv_cache_gib": shape.kv_cache_gib}
+    prefill_engine = {**engine, "kv_cache_tokens": shape.prefill_kv_cache_tokens} \
+        if shape.prefill and shape.prefill_kv_cache_tokens != shape.kv_cache_tokens else None
     spec = SimSpec.model_validate({
         "name": run_dir.name, "model": model, "profile": str(profile), "dtype_bytes": 4,
         "link": {"name": "local-loopback"},
         "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
-        "engine": {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs,
-                   "enable_prefix_caching": shape.prefix_caching, "block_size": shape.block_size,
-                   "kv_cache_tokens": shape.kv_cache_tokens, "kv_cache_gib": shape.kv_cache_gib},
+        "engine": engine, "prefill_engine": prefill_engine,
         "router": {"threshold": shape.threshold, "prefill_strategy": shape.prefill_strategy,
                    "decode_strategy": shape.decode_strategy},
         "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
