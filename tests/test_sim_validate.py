@@ -473,3 +473,15 @@ def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions()
     assert tight["preemptions"]["simulated"] == pytest.approx(tight["preemptions"]["measured"], rel=0.25)
     # The cache, not the load, makes the difference: the same requests wait tens of times longer for a place.
     assert tight["errors"]["short.ttft_ms.p50"]["simulated"] > 10 * roomy["errors"]["short.ttft_ms.p50"]["simulated"]
+
+    # The P/D pair with the small cache on its decode instance, which preempts requests whose KV it read as well.
+    recorded = json.loads((root / "data/results/sim-preemption/20261204-avx2-host/validation-pd.json").read_text())
+    [run] = recorded["runs"]
+    again = validate_runs([root / run["run"]], resolve_profile(root / recorded["profile"]), model=recorded["model"],
+                          pooled=[root / p for p in run["pooled"]], seeds=recorded["seeds"])
+    assert again["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
+    [pd] = again["runs"]
+    assert (pd["shape"]["prefill"], pd["shape"]["decode"]) == (1, 1)
+    assert pd["shape"]["kv_cache_tokens"] == 24 * 128 and pd["shape"]["prefill_kv_cache_tokens"] is None
+    assert pd["preemptions"]["measured"] > 0
+    assert pd["preemptions"]["simulated"] == pytest.approx(pd["preemptions"]["measured"], rel=0.25)
