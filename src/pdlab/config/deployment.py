@@ -41,6 +41,12 @@ class EngineOptions(Spec):
     kv_cache_blocks: int | None = Field(default=None, gt=0)
     """KV cache size in blocks, in place of what `kv_cache_gib` holds (vLLM's `--num-gpu-blocks-override`): a
     cache small enough to run out, to watch vLLM preempt. Must hold the model's context (`max_model_len`)."""
+
+    @property
+    def kv_cache_block_tokens(self) -> int | None:
+        """`kv_cache_blocks` in tokens (blocks of `block_size`, else vLLM's CPU default); None where unset."""
+        blocks = self.kv_cache_blocks
+        return None if blocks is None else blocks * (self.block_size or VLLM_CPU_BLOCK_SIZE)
     enforce_eager: bool = True
     """Skip torch.compile: it costs 40+ s of warm-up per new shape on 2 cores."""
     extra_args: list[str] = []
@@ -167,13 +173,13 @@ class DeploymentSpec(Spec):
         for i, inst in enumerate(self.instances):
             if inst.node is not None and inst.node not in node_names:
                 raise ValueError(f"instances.{i}.node: unknown node {inst.node!r}; nodes: {sorted(node_names)}")
-            if (blocks := inst.engine.kv_cache_blocks) is not None:
-                # vLLM refuses to start when its cache cannot hold one whole context: say so before it starts.
-                tokens = blocks * (inst.engine.block_size or VLLM_CPU_BLOCK_SIZE)
-                if self.model.max_model_len is None or self.model.max_model_len > tokens:
-                    raise ValueError(f"instances.{i}.engine.kv_cache_blocks: {blocks} blocks hold {tokens:,} tokens; "
-                                     f"set model.max_model_len to at most that (now {self.model.max_model_len}), "
-                                     "as vLLM will not start with a cache shorter than one context")
+            # vLLM refuses to start when its cache cannot hold one whole context: say so before it starts.
+            tokens = inst.engine.kv_cache_block_tokens
+            if tokens is not None and (self.model.max_model_len is None or self.model.max_model_len > tokens):
+                raise ValueError(f"instances.{i}.engine.kv_cache_blocks: {inst.engine.kv_cache_blocks} blocks hold "
+                                 f"{tokens:,} tokens; set model.max_model_len to at most that (now "
+                                 f"{self.model.max_model_len}), as vLLM will not start with a cache shorter than one "
+                                 "context")
         return self
 
     @property

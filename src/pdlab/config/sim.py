@@ -159,6 +159,6 @@ def _engine_of(inst: InstanceSpec, defaults: dict) -> dict:
     engine["enable_prefix_caching"] = inst.engine.enable_prefix_caching
     if inst.engine.block_size:
         engine["block_size"] = inst.engine.block_size
-    if inst.engine.kv_cache_blocks:  # a cache set in blocks (vLLM's --num-gpu-blocks-override)
-        engine["kv_cache_tokens"] = inst.engine.kv_cache_blocks * engine.get("block_size", SimEngine().block_size)
+    if (tokens := inst.engine.kv_cache_block_tokens) is not None:  # vLLM's --num-gpu-blocks-override
+        engine["kv_cache_tokens"] = tokens
     return engine

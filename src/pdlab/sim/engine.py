@@ -83,6 +83,11 @@ class SimRequest:
     failed: str | None = None
     """Why the request could not be served (e.g. longer than an instance's whole KV cache)."""
 
+    @property
+    def tokens_left(self) -> int:
+        """Output tokens its current run produces: all of them, less those produced before a preemption."""
+        return self.arrival.output_tokens - self.produced
+
 
 class Link:
     """One prefill instance's outgoing KV link: `concurrency` lanes (a SimPy resource, FIFO)."""
@@ -196,11 +201,6 @@ class Instance:
     def free_blocks(self) -> int:
         """KV blocks left once every running sequence has the slot of the token its next step computes."""
         return self.kv_capacity // self.block_size - self.kv_used - self.decode_blocks
-
-    @property
-    def blocks_short(self) -> bool:
-        """The running sequences need more blocks than the cache has (a hot path: one test per step)."""
-        return self.kv_used + self.decode_blocks > self.kv_capacity // self.block_size
 
 
 class Simulation:
@@ -343,7 +343,7 @@ class Simulation:
         (`_preempt`); a waiting one waits, and in a step that preempted, nothing waiting is scheduled (vLLM)."""
         queue = inst.prefill_queue
         preempted = inst.preemptions
-        while inst.blocks_short and inst.admitted:  # each decode's next token needs a slot
+        while inst.free_blocks() < 0 and inst.admitted:  # each decode's next token needs a slot
             self._preempt(inst)
         budget = inst.budget - inst.running
         chunks = []
@@ -423,8 +423,7 @@ class Simulation:
         request.decoding = True
         inst.admitted[request] = None
         inst.running += 1
-        left = request.arrival.output_tokens - request.produced
-        inst.finish_at.setdefault(request.first_step + left - 1, []).append(request)
+        inst.finish_at.setdefault(request.first_step + request.tokens_left - 1, []).append(request)
         request.blocks = inst.blocks_for(slots)
         inst.decode_blocks += request.blocks
         request.grows_at = step + ((1 - slots) % inst.block_size or inst.block_size)  # where slots % size is 1
@@ -449,8 +448,7 @@ class Simulation:
         freed_budget = 0
         if victim.decoding:
             run = inst.step - victim.first_step  # tokens of this run so far
-            left = victim.arrival.output_tokens - victim.produced
-            inst.finish_at[victim.first_step + left - 1].remove(victim)
+            inst.finish_at[victim.first_step + victim.tokens_left - 1].remove(victim)
             self._stop_decoding(inst, victim)
             inst.context -= victim.prefill_len + run
             freed_budget = 1
@@ -493,7 +491,7 @@ class Simulation:
                 continue
             request.token_instance = inst
             request.first_step = inst.step
-            if request.arrival.output_tokens - request.produced > 1:  # decodes from the next step on
+            if request.tokens_left > 1:  # decodes from the next step on
                 inst.kv_used -= inst.blocks_for(request.held)
                 request.held = 0
                 self._start_decoding(inst, request, inst.step + 1, request.prefill_len + 1)
@@ -514,7 +512,7 @@ class Simulation:
     def _finish(self, inst: Instance, request: SimRequest, now: float) -> None:
         if request.decoding:
             self._stop_decoding(inst, request)
-            inst.context -= request.prefill_len + request.arrival.output_tokens - request.produced
+            inst.context -= request.prefill_len + request.tokens_left
         inst.kv_used -= inst.blocks_for(request.held)
         request.held = 0
         del inst.admitted[request]

@@ -20,7 +20,7 @@ def token_times(request: SimRequest) -> np.ndarray:
     if request.token_instance is None or math.isnan(request.finish):
         return np.empty(0)
     last = request.token_instance.step_end_array()[
-        request.first_step:request.first_step + request.arrival.output_tokens - request.produced]
+        request.first_step:request.first_step + request.tokens_left]
     if not request.segments:
         return last
     return np.concatenate([inst.step_end_array()[first:first + n] for inst, first, n in request.segments] + [last])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pdlab.config.deployment import EngineOptions
 from pdlab.config.sim import SimSpec
 from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
@@ -193,7 +194,7 @@ def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
         if engine.get("block_size"):
             shape.block_size = int(engine["block_size"])
         if engine.get("kv_cache_blocks"):
-            tokens = int(engine["kv_cache_blocks"]) * int(engine.get("block_size") or VLLM_CPU_BLOCK_SIZE)
+            tokens = EngineOptions.model_validate(engine).kv_cache_block_tokens
             setattr(shape, "prefill_kv_cache_tokens" if role == "prefill" else "kv_cache_tokens", tokens)
         if inst.get("kv_cache_gib"):
             shape.kv_cache_gib = float(inst["kv_cache_gib"])
@@ -372,8 +373,7 @@ def measured_transfer_s(*run_dirs: Path) -> float | None:
     of these runs (each run weighted by its count); None if none moved any."""
     seconds = transfers = 0.0
     for run_dir in run_dirs:
-        path = Path(run_dir) / "kv.json"
-        kv = json.loads(path.read_text()) if path.exists() else {}
+        kv = read_kv(run_dir)
         if kv.get("transfers") and kv.get("xfer_seconds"):
             seconds, transfers = seconds + float(kv["xfer_seconds"]), transfers + float(kv["transfers"])
     return seconds / transfers if transfers else None
@@ -452,13 +452,18 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     return result
 
 
+def read_kv(run_dir: Path) -> dict:
+    """A run's `kv.json` (vLLM's KV figures over the run), or {} where it recorded none."""
+    path = Path(run_dir) / "kv.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def measured_preemptions(*run_dirs: Path) -> float | None:
     """Requests vLLM preempted in these runs (`kv.json`, from its `vllm:num_preemptions` counters); None where a
     run did not record them (runs before pdlab scraped them)."""
     total = 0.0
     for run_dir in run_dirs:
-        path = Path(run_dir) / "kv.json"
-        kv = json.loads(path.read_text()) if path.exists() else {}
+        kv = read_kv(run_dir)
         if "preemptions" not in kv:
             return None
         total += float(kv["preemptions"])
