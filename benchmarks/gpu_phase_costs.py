@@ -1,10 +1,8 @@
 """GPU phase costs: measure, with torch on one GPU, prefill time vs prompt tokens and decode step time vs
 batch x context for Llama-shaped layers (random bf16 weights), and fit a simulator cost profile from them.
 
-NOT RUN YET ON A GPU: pdlab's development machine has none. Until someone runs it, the simulator prices GPU steps
-with the roofline model (pdlab.sim.costs.RooflineCost) and the catalog's assumed efficiencies. Its CPU mode
-(`--device cpu --quick`, a few seconds with pdlab-small) runs the same code path in the test suite, so the script
-itself is known to work; only the figures a GPU gives are missing.
+Its CPU mode (`--device cpu --quick`, a few seconds with pdlab-small) runs the same code path in the test suite.
+The profiles it wrote on an H200 are under data/results/gpu/ (docs/simulator.md, "GPU cost profiles").
 
     python benchmarks/gpu_phase_costs.py --model Llama-3.1-8B     # about 3-6 minutes on an H100/H200
     python benchmarks/gpu_phase_costs.py --model Llama-3.1-70B --tensor-parallel 2
@@ -16,7 +14,9 @@ for the box's Python version) and install them with `pip install --no-index`.
 
 It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
 shard would be), times them with CUDA events (the wall clock on a CPU), scales the per-layer time to the model's
-depth and adds a measured LM-head matmul. No all-reduce is measured (one GPU; the simulator adds the
+depth and adds a measured LM-head matmul. A decode step is replayed from a CUDA graph, as vLLM runs decode batches
+(its eager time, kernel launches included, is kept beside it as `decode_eager`); prefills run eager, where launch
+time is small next to the work. No all-reduce is measured (one GPU; the simulator adds the
 shards' exchange to a profile of a shard). The output,
 data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's format (usable as
 `profile:` in a sim spec) and the environment.
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from pdlab.benchmarks import results
@@ -112,6 +113,27 @@ def median_time(fn: Callable[[], None], repeats: int, device: torch.device) -> f
     return sorted(samples)[len(samples) // 2]
 
 
+def graphed(step: Callable[[], None]) -> Callable[[], None]:
+    """`step` captured once into a CUDA graph: its replay launches every kernel at once, as vLLM's decode does."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up off the capture: kernel selection and workspace allocation
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def gpu_properties() -> dict[str, object]:
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "multiprocessors": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1), "capability": f"{props.major}.{props.minor}",
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Llama-3.1-8B")
@@ -122,6 +144,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: check the script itself (float32), with --quick and a small model.")
     parser.add_argument("--quick", action="store_true", help="A handful of small points instead of the full grid.")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="Time decode steps eagerly only.")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_phase_costs needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -143,12 +166,33 @@ def main() -> None:
     shape: ModelShape = catalog[args.model]
     grid = QUICK if args.quick else FULL
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    layers = torch.nn.ModuleList(Layer(shape, tp) for _ in range(args.layers)).to(dev, dtype).eval()
-    lm_head = torch.nn.Linear(shape.hidden_size, shape.vocab_size // tp, bias=False).to(dev, dtype)
+    with dev:  # initialised where they run: billions of random weights are slow to make on a CPU
+        layers = torch.nn.ModuleList(Layer(shape, tp) for _ in range(args.layers)).to(dtype).eval()
+        lm_head = torch.nn.Linear(shape.hidden_size, shape.vocab_size // tp, bias=False).to(dtype)
     scale = shape.num_layers / args.layers
     kv_heads, hd = layers[0].kv_heads, shape.head_dim
 
+    use_graphs = dev.type == "cuda" and not args.no_cuda_graphs
+    decode_eager: list[dict[str, float]] = []
+    math_attention: list[dict[str, int]] = []
+
     def run(batch: int, new: int, past: int) -> float:
+        """One point, with the fused attention kernels a server uses; torch's unfused math attention (far slower
+        on long contexts) only where none of them takes the shapes, and the point is listed as such."""
+        if dev.type != "cuda":
+            return measure(batch, new, past)
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                return measure(batch, new, past)
+        except RuntimeError as error:
+            if "No available kernel" not in str(error):
+                raise
+            print(f"  no fused attention for batch {batch}, {new} new after {past}: math attention", flush=True)
+            math_attention.append({"batch": batch, "new": new, "past": past})
+            return measure(batch, new, past)
+
+    def measure(batch: int, new: int, past: int) -> float:
+        nonlocal use_graphs
         caches = [(torch.empty(batch, kv_heads, past + new, hd, device=dev, dtype=dtype),
                    torch.empty(batch, kv_heads, past + new, hd, device=dev, dtype=dtype)) for _ in layers]
         x = torch.randn(batch, new, shape.hidden_size, device=dev, dtype=dtype)
@@ -159,28 +203,63 @@ def main() -> None:
                 h = layer(h, k, v, past)
             lm_head(h[:, -1:])
 
+        def timed(body_step: Callable[[], None], head_step: Callable[[], None]) -> float:
+            body = median_time(body_step, args.repeats, dev)
+            head = median_time(head_step, args.repeats, dev)
+            return max(body - head, 0.0) * scale + head
+
+        def head_step() -> None:
+            lm_head(x[:, -1:])
+
         with torch.inference_mode():
-            body = median_time(step, args.repeats, dev)
-            head = median_time(lambda: lm_head(x[:, -1:]), args.repeats, dev)
-        return max(body - head, 0.0) * scale + head
+            eager = timed(step, head_step)
+            if new > 1 or not use_graphs:
+                return eager
+            decode_eager.append({"batch": batch, "context": past, "step_s": eager})
+            try:
+                return timed(graphed(step), graphed(head_step))
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError as error:  # kept eager from here on, and the profile says so
+                print(f"  CUDA graph capture failed ({error}); decode steps timed eagerly", flush=True)
+                use_graphs = False
+                torch.cuda.synchronize()
+                return eager
 
     points: list[CalibrationPoint] = []
+    out_of_memory: list[dict[str, int]] = []
+
+    def add(label: str, prefill: int, cached: int, batch: int, context: int) -> None:
+        """Time one point and keep it; one whose KV cache does not fit (many layers, a large batch) is listed and
+        skipped, not fatal."""
+        try:
+            step_s = run(batch, 1, context) if batch else run(1, prefill, cached)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            out_of_memory.append({"prefill_tokens": prefill, "prefill_context": cached, "decode_seqs": batch,
+                                  "decode_context": context})
+            print(f"{label}: skipped, out of GPU memory", flush=True)
+            return
+        points.append(CalibrationPoint(prefill, cached, batch, context, step_s))
+        print(f"{label}: {step_s * 1e3:.2f} ms", flush=True)
+
     for n in grid.prefill_tokens:
-        points.append(CalibrationPoint(n, 0, 0, 0, run(1, n, 0)))
-        print(f"prefill {n}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
+        add(f"prefill {n}", n, 0, 0, 0)
     for chunk, past in grid.chunks:
-        points.append(CalibrationPoint(chunk, past, 0, 0, run(1, chunk, past)))
-        print(f"chunk {chunk} after {past}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
+        add(f"chunk {chunk} after {past}", chunk, past, 0, 0)
     for batch in grid.decode_batches:
         for context in grid.decode_contexts:
-            points.append(CalibrationPoint(0, 0, batch, context, run(batch, 1, context)))
-            print(f"decode batch {batch} context {context}: {points[-1].step_s * 1e3:.2f} ms", flush=True)
+            add(f"decode batch {batch} context {context}", 0, 0, batch, context)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     profile = fit_profile(points, model=args.model,
                           source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
     profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
+                   layers_timed=args.layers, decode_cuda_graphs=use_graphs, decode_eager=decode_eager,
+                   math_attention=math_attention, out_of_memory=out_of_memory,
                    elapsed_s=time.perf_counter() - started, environment=capture())
+    if dev.type == "cuda":
+        profile["gpu_properties"] = gpu_properties()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     print(f"wrote {out} in {profile['elapsed_s']:.0f} s; fit error mean {profile['fit_error_pct']['mean']:.1f}%")
