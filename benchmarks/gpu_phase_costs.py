@@ -127,6 +127,17 @@ def graphed(step: Callable[[], None]) -> Callable[[], None]:
     return graph.replay
 
 
+def warm_up(device: torch.device, seconds: float) -> None:
+    """Bring an idle GPU to its working clock before timing: on a fresh machine the first points of a run came out
+    40-80% slower than the same points in a repeat."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def gpu_properties() -> dict[str, object]:
     props = torch.cuda.get_device_properties(0)
     return {"name": props.name, "multiprocessors": props.multi_processor_count,
@@ -144,6 +155,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: check the script itself (float32), with --quick and a small model.")
     parser.add_argument("--quick", action="store_true", help="A handful of small points instead of the full grid.")
+    parser.add_argument("--warm-up-s", type=float, default=3.0, help="Seconds of matmuls before timing (GPU).")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="Time decode steps eagerly only.")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -226,6 +238,8 @@ def main() -> None:
                 torch.cuda.synchronize()
                 return eager
 
+    if dev.type == "cuda":
+        warm_up(dev, args.warm_up_s)
     points: list[CalibrationPoint] = []
     out_of_memory: list[dict[str, int]] = []
 
@@ -255,7 +269,8 @@ def main() -> None:
     profile = fit_profile(points, model=args.model,
                           source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
     profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
-                   layers_timed=args.layers, decode_cuda_graphs=use_graphs, decode_eager=decode_eager,
+                   layers_timed=args.layers, warm_up_s=args.warm_up_s if dev.type == "cuda" else 0.0,
+                   decode_cuda_graphs=use_graphs, decode_eager=decode_eager,
                    math_attention=math_attention, out_of_memory=out_of_memory,
                    elapsed_s=time.perf_counter() - started, environment=capture())
     if dev.type == "cuda":
