@@ -543,26 +543,31 @@ def test_a_tensor_parallel_instance_moves_its_kv_over_every_gpus_share_of_the_li
 
 
 def test_a_gpu_profile_of_a_shard_adds_the_exchange_and_keeps_the_gpus_memory(tmp_path) -> None:
-    """A profile `benchmarks/gpu_phase_costs.py --tensor-parallel 2` would write: its steps are one GPU's shard;
-    the simulated instance adds the shards' all-reduces over the accelerator's NVLink and sizes its KV cache from
-    the GPUs' memory, as the roofline does."""
+    """A profile `benchmarks/gpu_phase_costs.py --tensor-parallel 2` would write: its steps are one GPU's shard
+    of the forward pass; the simulated instance adds the shards' all-reduces over the accelerator's NVLink and the
+    serving engine's work per step, and sizes its KV cache from the GPUs' memory, as the roofline does."""
     import json
 
-    from pdlab.sim.costs import BASE_FEATURES, ShardCost, TensorParallelExchange
+    from pdlab.sim.costs import BASE_FEATURES, ForwardPassCost, TensorParallelExchange
 
     shard = [0.004, 3e-5, 1e-10, 2e-5, 1e-8]
     path = tmp_path / "h200-tp2.json"
     path.write_text(json.dumps({"kind": "fitted", "features": list(BASE_FEATURES), "coefficients": shard,
                                 "gpu": "NVIDIA-H200", "tensor_parallel": 2, "model": "Llama-3.1-70B",
                                 "source": "a shard's steps"}))
+    path.with_name("h200.json").write_text(json.dumps({**json.loads(path.read_text()), "tensor_parallel": 1,
+                                                       "model": "Llama-3.1-8B"}))
     fields = {"model": "Llama-3.1-70B", "hardware": "H200-SXM-141GB", "profile": str(path)}
     prepared = prepare(spec(**fields, engine={"tensor_parallel": 2}))
-    assert isinstance(prepared.cost, ShardCost) and "x2 over nvlink4" in prepared.cost_source
+    assert isinstance(prepared.cost, ForwardPassCost) and "x2 over nvlink4" in prepared.cost_source
     catalog = load_catalog()
     exchange = TensorParallelExchange(catalog.models["Llama-3.1-70B"], 2, catalog.links["nvlink4"])
+    serving = catalog.hardware["H200-SXM-141GB"].step_overhead_ms / 1e3
     step = (4096, chunk_attention(4096, 0), 16, 16 * 2000)
     assert prepared.cost.step_time(*step) == pytest.approx(
-        FittedCost(tuple(shard)).step_time(*step) + exchange.time(4096 + 16, 16 + 1), rel=1e-12)
+        FittedCost(tuple(shard)).step_time(*step) + exchange.time(4096 + 16, 16 + 1) + serving, rel=1e-12)
+    one_gpu = prepare(spec(model="Llama-3.1-8B", hardware="H200-SXM-141GB", profile=str(path.with_name("h200.json"))))
+    assert one_gpu.cost.step_time(*step) == pytest.approx(FittedCost(tuple(shard)).step_time(*step) + serving)
     roofline = prepare(spec(model="Llama-3.1-70B", hardware="H200-SXM-141GB", engine={"tensor_parallel": 2}))
     assert prepared.kv_capacity == roofline.kv_capacity
     with pytest.raises(ConfigError, match="engine.tensor_parallel") as error:

@@ -103,8 +103,9 @@ class SimSpec(Spec):
     model: str = "Llama-3.1-8B"
     """A model from data/catalog/models.yaml or pdlab's local catalog (pdlab-small, pdlab-tiny)."""
     profile: Path | None = None
-    """A fitted cost profile: a JSON path (`pdlab sim calibrate`) or a name shipped in data/catalog/profiles/
-    (`pdlab-small-vllm-cpu`); replaces the hardware roofline."""
+    """A fitted cost profile: a JSON path (`pdlab sim calibrate`, `benchmarks/gpu_phase_costs.py`) or a shipped
+    name: the local tier's in data/catalog/profiles/ (`pdlab-small-vllm-cpu`), a measured GPU's in data/results/gpu/
+    (`Llama-3.1-70B-NVIDIA-H200-tp2`); replaces the hardware roofline's step times."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
     """Bytes per weight and KV element: 2 for bf16, 4 for the local fp32 models."""
     link: LinkChoice = Field(default_factory=LinkChoice)

@@ -37,7 +37,11 @@ class Hardware(Sourced):
     memory_efficiency: float = Field(gt=0, le=1)
     """Achieved fraction of peak memory bandwidth."""
     step_overhead_ms: float = Field(ge=0)
-    """Fixed cost per scheduler step (scheduling, kernel launches, sampling)."""
+    """Fixed cost per scheduler step outside the forward pass (the serving engine's scheduling, input preparation
+    and sampling); where `layer_overhead_us` is not measured it also stands for the forward pass's kernel latencies."""
+    layer_overhead_us: float = Field(default=0.0, ge=0)
+    """Fixed time per layer of a forward pass that neither FLOPs nor bytes explain (kernel latencies, replayed from
+    a CUDA graph), fitted on GPU profiles (`pdlab sim efficiency`); 0 where none was measured."""
     tensor_parallel_link: str = Field(min_length=1)
     """The `links` entry joining the GPUs of one instance: what its tensor-parallel all-reduces cross."""
     gpus_per_node: int = Field(gt=0)

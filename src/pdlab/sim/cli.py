@@ -19,16 +19,20 @@ from pdlab.sim.costs import DEFAULT_PREMIUM
 
 app = typer.Typer(help="Simulate P/D serving at cluster scale.", no_args_is_help=True)
 console = Console()
+PROFILE_HELP = ("Price steps with this profile instead of the spec's: a JSON path or a shipped name (e.g. "
+                "Llama-3.1-70B-NVIDIA-H200-tp2, measured on an H200).")
 
 
-def _load_spec(path: Path):
+def _load_spec(path: Path, profile: Path | None = None):
+    """A sim spec from YAML; `profile`, where given, replaces the spec's own."""
     from pdlab.sim.twin import load_sim_spec
 
     try:
-        return load_sim_spec(path)
+        spec = load_sim_spec(path)
     except ConfigError as error:
         console.print(f"[red]error:[/red] {_lab_spec_instead(path, error)}")
         raise typer.Exit(code=2) from None
+    return spec if profile is None else spec.model_copy(update={"profile": profile})
 
 
 def _lab_spec_instead(path: Path, error: ConfigError) -> ConfigError:
@@ -63,15 +67,16 @@ def _ms(value) -> str:
 
 @app.command("run")
 def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/simulator.md)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        profile: Path = typer.Option(None, help=PROFILE_HELP)) -> None:
     """Simulate one spec and print its summary (same shape as a measured run's summary.json)."""
     from pdlab.sim.scenario import simulate
 
-    spec = _load_spec(spec_path)
+    spec = _load_spec(spec_path, profile)
     start = time.perf_counter()
     try:
         summary, _ = simulate(spec)
-    except ValueError as error:
+    except (ConfigError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     summary["elapsed_s"] = time.perf_counter() - start
@@ -316,6 +321,48 @@ def fit_cmd(table: Path = typer.Argument(..., help="CSV: prefill_tokens, prefill
                   f": {out}")
 
 
+@app.command("efficiency")
+def efficiency_cmd(profiles: list[Path] = typer.Argument(..., help="GPU profiles of one GPU kind, from "
+                                                        "benchmarks/gpu_phase_costs.py (data/results/gpu/*.json)."),
+                   hardware: str = typer.Option(..., help="The catalog's entry for that GPU, e.g. H200-SXM-141GB."),
+                   out: Path = typer.Option(None, help="JSON to write (default: data/results/gpu/efficiency-"
+                                            "<hardware>-<timestamp>.json); never overwritten.")) -> None:
+    """Fit the roofline's compute and memory efficiency and its per-layer overhead on measured GPU profiles, and
+    show how far the roofline is from each profile's points with the fit and with the catalog's factors."""
+    from datetime import datetime
+
+    from pdlab.benchmarks.results import ensure_new
+    from pdlab.environment import capture
+    from pdlab.settings import data_dir
+    from pdlab.sim.efficiency import fit_efficiency, load_profiles
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = out or data_dir() / "results" / "gpu" / f"efficiency-{hardware}-{stamp}.json"
+    try:
+        ensure_new(out)
+        fit = fit_efficiency(load_profiles(profiles), hardware)
+    except (ConfigError, ValueError, KeyError, OSError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    fit.update(inputs=[str(p) for p in profiles], environment=capture())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(fit, indent=2) + "\n")
+    table = Table("model", "TP", "points", "median %", "max %", "catalog's: median %", "max %",
+                  title=f"roofline vs measured forward passes on {hardware} (error)")
+    for row in fit["profiles"]:
+        table.add_row(row["model"], str(row["tensor_parallel"]), str(row["points"]),
+                      f"{row['error_pct']['median']:.1f}", f"{row['error_pct']['max']:.1f}",
+                      f"{row['catalog_error_pct']['median']:.1f}", f"{row['catalog_error_pct']['max']:.1f}")
+    console.print(table)
+    before = fit["catalog_before"]
+    console.print(f"compute efficiency {fit['compute_efficiency']:.3f} ({fit['achieved_tflops']:.0f} TFLOP/s), "
+                  f"memory efficiency {fit['memory_efficiency']:.3f} ({fit['achieved_hbm_gbps']:.0f} GB/s), "
+                  f"{fit['layer_overhead_us']:.1f} us per layer: error median {fit['error_pct']['median']:.1f}% "
+                  f"max {fit['error_pct']['max']:.1f}% (the catalog's {before['compute_efficiency']:g} and "
+                  f"{before['memory_efficiency']:g}: median {before['error_pct']['median']:.1f}% max "
+                  f"{before['error_pct']['max']:.1f}%): {out}")
+
+
 @app.command("validate")
 def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run directories (see docs/simulator.md)."),
                  profile: Path = typer.Option(..., help="Fitted profile from separate calibration runs: a JSON "
@@ -513,11 +560,12 @@ def search_cmd(spec_path: Path = typer.Argument(..., help="A sim spec YAML with 
                gpus: int = typer.Option(..., help="GPUs to split between prefill and decode."),
                find_rate: bool = typer.Option(False, help="Also find each split's highest rate meeting the SLOs."),
                target: float = typer.Option(0.9, help="SLO attainment that counts as meeting them."),
-               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+               as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+               profile: Path = typer.Option(None, help=PROFILE_HELP)) -> None:
     """Best prefill:decode split of N GPUs for the spec's load and SLOs (DistServe-style goodput)."""
     from pdlab.sim.search import search
 
-    spec = _load_spec(spec_path)
+    spec = _load_spec(spec_path, profile)
     try:
         result = search(spec, gpus, find_rate=find_rate, target=target)
     except ValueError as error:

@@ -145,40 +145,52 @@ class RooflineCost:
         object.__setattr__(self, "_s_weights", m.params * self.dtype_bytes / bandwidth)
         object.__setattr__(self, "_s_per_attention_pair", 4 * m.num_layers * m.num_heads * m.head_dim / flops)
         object.__setattr__(self, "_s_per_kv_token", m.kv_bytes_per_token(self.dtype_bytes) / bandwidth)
-        object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3)
+        object.__setattr__(self, "_overhead", hw.step_overhead_ms / 1e3 + m.num_layers * hw.layer_overhead_us / 1e6)
         object.__setattr__(self, "_exchange", TensorParallelExchange(m, tp, self.interconnect, self.dtype_bytes)
                            if tp > 1 else None)
 
+    def terms(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
+              decode_context: int) -> tuple[float, float, float, float]:
+        """A step's four roofline times at this hardware's efficiencies, in seconds: the linear layers' FLOPs, their
+        weights' bytes, attention's FLOPs and the KV bytes it reads. The step takes the overhead, the larger of the
+        first two, the larger of the last two, and the tensor-parallel exchange."""
+        # FLOPs and bytes count causal pairs only: neither premium of the CPU tier's fitted profiles is priced.
+        logits_rows = decode_seqs + (1 if prefill_tokens else 0)
+        return ((prefill_tokens + decode_seqs) * self._s_per_linear_token + logits_rows * self._s_per_logits_row,
+                self._s_weights, (prefill_attention + decode_context) * self._s_per_attention_pair,
+                (decode_context + prefill_tokens) * self._s_per_kv_token)
+
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
-        # FLOPs and bytes count causal pairs only: neither premium of the CPU tier's fitted profiles is priced.
         tokens = prefill_tokens + decode_seqs
         if tokens == 0:
             return 0.0
-        logits_rows = decode_seqs + (1 if prefill_tokens else 0)
-        linear = max(tokens * self._s_per_linear_token + logits_rows * self._s_per_logits_row, self._s_weights)
-        attention = max((prefill_attention + decode_context) * self._s_per_attention_pair,
-                        (decode_context + prefill_tokens) * self._s_per_kv_token)
-        exchange = self._exchange.time(tokens, logits_rows) if self._exchange is not None else 0.0
-        return self._overhead + linear + attention + exchange
+        linear_flops, weights, attention_flops, kv_reads = self.terms(prefill_tokens, prefill_attention,
+                                                                      decode_seqs, decode_context)
+        exchange = (self._exchange.time(tokens, decode_seqs + (1 if prefill_tokens else 0))
+                    if self._exchange is not None else 0.0)
+        return self._overhead + max(linear_flops, weights) + max(attention_flops, kv_reads) + exchange
 
 
 @dataclass(frozen=True)
-class ShardCost:
-    """A step timed on one GPU's shard (`benchmarks/gpu_phase_costs.py --tensor-parallel N`), plus what the shards
-    exchange, which one GPU cannot measure."""
+class ForwardPassCost:
+    """A GPU profile's forward pass (`benchmarks/gpu_phase_costs.py`, one GPU's shard where tensor-parallel), plus
+    what the profile cannot time: the serving engine's own work per step (`hardware.step_overhead_ms`, as the
+    roofline adds it) and, for a shard, what the GPUs exchange."""
 
-    shard: StepCost
-    exchange: TensorParallelExchange
+    forward: StepCost
+    serving_overhead_s: float
+    exchange: TensorParallelExchange | None = None
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
         tokens = prefill_tokens + decode_seqs
         if tokens == 0:
             return 0.0
-        return self.shard.step_time(prefill_tokens, prefill_attention, decode_seqs, decode_context,
-                                    fresh_attention, chunk_square) \
-            + self.exchange.time(tokens, decode_seqs + (1 if prefill_tokens else 0))
+        exchange = (self.exchange.time(tokens, decode_seqs + (1 if prefill_tokens else 0))
+                    if self.exchange is not None else 0.0)
+        return self.serving_overhead_s + exchange + self.forward.step_time(
+            prefill_tokens, prefill_attention, decode_seqs, decode_context, fresh_attention, chunk_square)
 
 
 @dataclass(frozen=True)

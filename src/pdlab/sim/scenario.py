@@ -10,11 +10,12 @@ from pathlib import Path
 
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimEngine, SimSpec
+from pdlab.settings import data_dir
 from pdlab.sim.catalog import Catalog, Hardware, Link, ModelShape, catalog_dir, load_catalog
 from pdlab.sim.costs import (
+    ForwardPassCost,
     RooflineCost,
     ServingOverheads,
-    ShardCost,
     StepCost,
     TensorParallelExchange,
     TransferCost,
@@ -54,14 +55,22 @@ def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
     return base.model_copy(update=updates) if updates else base
 
 
+def profile_dirs() -> tuple[Path, ...]:
+    """Where shipped profiles are found by name: the local tier's in the catalog, the measured GPUs' beside their
+    raw results (`benchmarks/gpu_phase_costs.py`)."""
+    return catalog_dir() / "profiles", data_dir() / "results" / "gpu"
+
+
 def resolve_profile(path: Path) -> Path:
-    """A profile path as given, else a name from data/catalog/profiles/ (`pdlab-small-vllm-cpu`)."""
+    """A profile path as given, else a shipped name (`pdlab-small-vllm-cpu`, `Llama-3.1-70B-NVIDIA-H200-tp2`)."""
     if path.exists():
         return path
-    shipped = catalog_dir() / "profiles" / f"{path.name}.json"
-    if path.suffix == "" and shipped.exists():
-        return shipped
-    known = sorted(p.stem for p in (catalog_dir() / "profiles").glob("*.json"))
+    for folder in profile_dirs():
+        shipped = folder / f"{path.name}.json"
+        if len(path.parts) == 1 and shipped.exists():  # a bare name (model names hold dots: no suffix test)
+            return shipped
+    known = sorted(p.stem for folder in profile_dirs() for p in folder.glob("*.json")
+                   if not p.stem.startswith("efficiency-"))
     raise ConfigError("profile", [(str(path), f"no such file, nor a shipped profile; shipped: {known}")])
 
 
@@ -99,8 +108,10 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
         tp = engine.tensor_parallel
         if fitted is not None:
             # A profile prices steps on the machine it timed; a GPU profile's instance still has `hardware`'s
-            # memory and links. One of a tensor-parallel shard (`gpu_phase_costs.py --tensor-parallel N`) lacks
-            # what the shards exchange, which one GPU cannot time: the roofline's exchange adds it.
+            # memory and links. A GPU profile times the forward pass alone: the serving engine's own work per step
+            # is `hardware.step_overhead_ms`, as in the roofline, and one of a tensor-parallel shard
+            # (`gpu_phase_costs.py --tensor-parallel N`) lacks what the shards exchange, which one GPU cannot time:
+            # the roofline's exchange adds it.
             shard = int(profile.get("tensor_parallel", 1))
             if shard != tp:
                 raise ConfigError("sim spec", [(f"{field}.tensor_parallel", f"{tp}, but profile {spec.profile} "
@@ -115,9 +126,10 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
         if fitted is None:
             cost = RooflineCost(hardware, model, spec.dtype_bytes, tp, interconnect)
             source = f"roofline: {spec.hardware} x{tp}"
-        elif tp > 1:
-            cost = ShardCost(fitted, TensorParallelExchange(model, tp, interconnect, spec.dtype_bytes))
-            source = f"{source}, {spec.hardware} x{tp}"
+        else:
+            exchange = TensorParallelExchange(model, tp, interconnect, spec.dtype_bytes) if tp > 1 else None
+            cost = ForwardPassCost(fitted, hardware.step_overhead_ms / 1e3, exchange)
+            source = f"{source} + {hardware.step_overhead_ms:g} ms serving per step, {spec.hardware} x{tp}"
         source += (f" over {hardware.tensor_parallel_link}" if tp > 1 else "") + f", {spec.model}"
         free = hardware.memory_gib * 2**30 * tp * engine.gpu_memory_utilization - model.params * spec.dtype_bytes
         if engine.kv_cache_tokens is None and free <= 0:
