@@ -128,8 +128,8 @@ def graphed(step: Callable[[], None]) -> Callable[[], None]:
 
 
 def warm_up(device: torch.device, seconds: float) -> None:
-    """Bring an idle GPU to its working clock before timing: on a fresh machine the first points of a run came out
-    40-80% slower than the same points in a repeat."""
+    """Bring an idle GPU to its working clock before timing: on a fresh machine, without it, the first points of
+    several profiles came out up to 89% slower than the same points in a repeat."""
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
