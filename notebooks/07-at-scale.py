@@ -25,9 +25,9 @@
 #
 # The simulator steps each instance's scheduler like vLLM's (decode tokens first, then prefill chunks within the
 # token budget), with step times from a roofline of the GPU's datasheet figures (the H200's efficiencies measured
-# on one H200), and routes with pdlab's own router code. KV transfers queue on a link of the catalog's bandwidth and latency. `docs/simulator.md` says what
-# is modelled and how it was checked against the local measurements. A few thousand requests take well under a
-# second, so every slider move re-simulates.
+# on one H200), and routes with pdlab's own router code. KV transfers queue on a link of the catalog's bandwidth
+# and latency. `docs/simulator.md` says what is modelled and how it was checked against the local measurements.
+# A few thousand requests take well under a second, so every slider move re-simulates.
 
 # %% tags=["parameters"]
 from pdlab import course
