@@ -28,12 +28,14 @@ def synthetic_profile(model: str, tp: int, compute: float, memory: float, layer_
     hardware = catalog.hardware["H200-SXM-141GB"].model_copy(update={
         "compute_efficiency": compute, "memory_efficiency": memory, "step_overhead_ms": 0.0,
         "layer_overhead_us": layer_us})
-    cost = RooflineCost(hardware, catalog.models[model], 2, tp, catalog.links["nvlink4"])
+    shape = catalog.models[model]
+    cost = RooflineCost(hardware, shape, 2, tp, catalog.links["nvlink4"])
     points = []
     for prefill, cached, batch, context in GRID_POINTS:
         attention = chunk_attention(prefill, cached) if prefill else 0.0
-        forward = (cost._overhead + max(*cost.terms(prefill, attention, batch, batch * context)[:2])
-                   + max(*cost.terms(prefill, attention, batch, batch * context)[2:]))
+        linear_flops, weights, attention_flops, kv_reads = cost.terms(prefill, attention, batch, batch * context)
+        forward = (shape.num_layers * layer_us / 1e6 + max(linear_flops, weights)
+                   + max(attention_flops, kv_reads))
         points.append({"prefill_tokens": prefill, "prefill_context": cached, "decode_seqs": batch,
                        "decode_context": context, "step_s": forward})
     return {"kind": "fitted", "gpu": "NVIDIA-H200", "model": model, "tensor_parallel": tp, "dtype_bytes": 2,
