@@ -119,3 +119,6 @@ def test_a_shipped_gpu_profile_is_found_by_name_and_prices_the_70b_lab() -> None
     assert roofline["cost_model"].startswith("roofline")
     mismatch = CliRunner().invoke(app, ["sim", "run", lab, "--profile", "Llama-3.1-70B-NVIDIA-H200-tp8"])
     assert mismatch.exit_code == 2 and "timed a shard of 8 GPU(s)" in " ".join(mismatch.output.split())
+    other_model = CliRunner().invoke(app, ["sim", "run", lab, "--profile", "Qwen2.5-72B-NVIDIA-H200-tp2"])
+    assert other_model.exit_code == 2
+    assert "timed Qwen2.5-72B, but the spec simulates Llama-3.1-70B" in " ".join(other_model.output.split())

@@ -102,6 +102,9 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
         fitted, profile = load_profile(resolve_profile(spec.profile))
         overheads = ServingOverheads.from_json(profile.get("overheads"))
     gpu_profile = fitted is not None and profile.get("gpu") not in (None, "cpu")
+    if gpu_profile and profile.get("model") not in (None, spec.model):
+        raise ConfigError("sim spec", [("profile", f"{spec.profile} timed {profile['model']}, but the spec simulates "
+                                                   f"{spec.model}: choose a profile of {spec.model}")])
 
     def priced(engine: SimEngine, field: str) -> tuple[StepCost, int, str]:
         """One pool's step cost, KV capacity (tokens per instance) and where the cost comes from."""
