@@ -29,6 +29,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,7 +41,7 @@ from pdlab.benchmarks import results
 from pdlab.environment import capture
 from pdlab.settings import data_dir
 from pdlab.sim.catalog import ModelShape, load_catalog
-from pdlab.sim.costs import CalibrationPoint, fit_profile
+from pdlab.sim.costs import CalibrationPoint, FittedCost, coefficients_by_name, fit_profile
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,16 @@ class Grid:
     """(chunk tokens, tokens already cached)."""
     decode_batches: tuple[int, ...]
     decode_contexts: tuple[int, ...]
+    mixed: tuple[tuple[int, int, int, int], ...] = ()
+    """Steps a chunked-prefill scheduler forms: (chunk tokens, tokens already cached, decoding sequences, their
+    context). Held out of the fit: they check that the profile prices a mixed step from its parts."""
 
 
 FULL = Grid((256, 512, 1024, 2048, 4096, 8192, 16384), ((2048, 4096), (2048, 12288)), (1, 8, 32, 128),
-            (512, 2048, 8192))
+            (512, 2048, 8192), ((2048, 0, 32, 2048), (2048, 4096, 128, 2048), (512, 0, 128, 8192),
+                                (8192, 0, 64, 2048)))
 #: A few seconds on a CPU with pdlab-small: checks the code path, not a profile to keep.
-QUICK = Grid((32, 64, 128, 256), ((64, 128),), (1, 4), (64, 256))
+QUICK = Grid((32, 64, 128, 256), ((64, 128),), (1, 4), (64, 256), ((64, 0, 2, 64),))
 
 
 class Layer(torch.nn.Module):
@@ -71,19 +76,37 @@ class Layer(torch.nn.Module):
         self.gate_up = torch.nn.Linear(m.hidden_size, 2 * m.intermediate_size // tp, bias=False)
         self.down = torch.nn.Linear(m.intermediate_size // tp, m.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, past: int) -> torch.Tensor:
-        b, n, _ = x.shape
-        q, k, v = self.qkv(x).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                                     self.kv_heads * self.head_dim], dim=-1)
-        q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k_cache[:, :, past:past + n] = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v_cache[:, :, past:past + n] = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+    def attend(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, past: int) -> torch.Tensor:
+        """Attention of `qkv`'s tokens (batch, new, ...) after `past` cached ones, their K and V written to the
+        cache first; the output as (batch, new, heads x head_dim)."""
+        b, n, _ = qkv.shape
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
+        q = q.reshape(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k_cache[:, :, past:past + n] = k.reshape(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v_cache[:, :, past:past + n] = v.reshape(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         keys, values = k_cache[:, :, :past + n], v_cache[:, :, :past + n]
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_mask(n, past),
                                               is_causal=n > 1 and past == 0, enable_gqa=True)
-        x = x + self.o(attn.transpose(1, 2).reshape(b, n, -1))
+        return attn.transpose(1, 2).reshape(b, n, -1)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
+
+    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, past: int) -> torch.Tensor:
+        return self.mlp(x + self.o(self.attend(self.qkv(x), k_cache, v_cache, past)))
+
+    def forward_mixed(self, x: torch.Tensor, chunk_kv: tuple[torch.Tensor, torch.Tensor],
+                      decode_kv: tuple[torch.Tensor, torch.Tensor], chunk: int, past: int, context: int
+                      ) -> torch.Tensor:
+        """One step of a prefill chunk (`chunk` tokens after `past` cached) and one token of each decoding
+        sequence (after `context` each), as one batch: every matmul over all the tokens together, attention
+        apart. `x` is (1, chunk + sequences, hidden)."""
+        qkv = self.qkv(x)
+        prefill = self.attend(qkv[:, :chunk], *chunk_kv, past)
+        decode = self.attend(qkv[0, chunk:].unsqueeze(1), *decode_kv, context)
+        return self.mlp(x + self.o(torch.cat([prefill, decode.transpose(0, 1)], dim=1)))
 
 
 def causal_mask(new: int, past: int) -> object | None:
@@ -188,25 +211,34 @@ def main() -> None:
     decode_eager: list[dict[str, float]] = []
     math_attention: list[dict[str, int]] = []
 
-    def run(batch: int, new: int, past: int) -> float:
+    def timed(body_step: Callable[[], None], head_step: Callable[[], None]) -> float:
+        """A step of `args.layers` layers and the LM head, scaled to the model's depth."""
+        body = median_time(body_step, args.repeats, dev)
+        head = median_time(head_step, args.repeats, dev)
+        return max(body - head, 0.0) * scale + head
+
+    def fused_attention(measure_point: Callable[[], float], point: dict[str, int]) -> float:
         """One point, with the fused attention kernels a server uses; torch's unfused math attention (far slower
         on long contexts) only where none of them takes the shapes, and the point is listed as such."""
         if dev.type != "cuda":
-            return measure(batch, new, past)
+            return measure_point()
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-                return measure(batch, new, past)
+                return measure_point()
         except RuntimeError as error:
             if "No available kernel" not in str(error):
                 raise
-            print(f"  no fused attention for batch {batch}, {new} new after {past}: math attention", flush=True)
-            math_attention.append({"batch": batch, "new": new, "past": past})
-            return measure(batch, new, past)
+            print(f"  no fused attention for {point}: math attention", flush=True)
+            math_attention.append(point)
+            return measure_point()
+
+    def kv_caches(batch: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.empty(batch, kv_heads, length, hd, device=dev, dtype=dtype),
+                 torch.empty(batch, kv_heads, length, hd, device=dev, dtype=dtype)) for _ in layers]
 
     def measure(batch: int, new: int, past: int) -> float:
         nonlocal use_graphs
-        caches = [(torch.empty(batch, kv_heads, past + new, hd, device=dev, dtype=dtype),
-                   torch.empty(batch, kv_heads, past + new, hd, device=dev, dtype=dtype)) for _ in layers]
+        caches = kv_caches(batch, past + new)
         x = torch.randn(batch, new, shape.hidden_size, device=dev, dtype=dtype)
 
         def step() -> None:
@@ -214,11 +246,6 @@ def main() -> None:
             for layer, (k, v) in zip(layers, caches, strict=True):
                 h = layer(h, k, v, past)
             lm_head(h[:, -1:])
-
-        def timed(body_step: Callable[[], None], head_step: Callable[[], None]) -> float:
-            body = median_time(body_step, args.repeats, dev)
-            head = median_time(head_step, args.repeats, dev)
-            return max(body - head, 0.0) * scale + head
 
         def head_step() -> None:
             lm_head(x[:, -1:])
@@ -238,24 +265,48 @@ def main() -> None:
                 torch.cuda.synchronize()
                 return eager
 
+    def measure_mixed(chunk: int, past: int, batch: int, context: int) -> float:
+        """A chunk and `batch` decodes in one step, eager (a mixed step's shapes change every step: vLLM does not
+        replay them from a whole-step graph either)."""
+        chunk_caches, decode_caches = kv_caches(1, past + chunk), kv_caches(batch, context + 1)
+        x = torch.randn(1, chunk + batch, shape.hidden_size, device=dev, dtype=dtype)
+
+        def step() -> None:
+            h = x
+            for layer, chunk_kv, decode_kv in zip(layers, chunk_caches, decode_caches, strict=True):
+                h = layer.forward_mixed(h, chunk_kv, decode_kv, chunk, past, context)
+            lm_head(h[:, chunk - 1:])  # the chunk's last token and every decode token
+
+        def head_step() -> None:
+            lm_head(x[:, chunk - 1:])
+
+        with torch.inference_mode():
+            return timed(step, head_step)
+
     if dev.type == "cuda":
         warm_up(dev, args.warm_up_s)
     points: list[CalibrationPoint] = []
     out_of_memory: list[dict[str, int]] = []
 
-    def add(label: str, prefill: int, cached: int, batch: int, context: int) -> None:
-        """Time one point and keep it; one whose KV cache does not fit (many layers, a large batch) is listed and
-        skipped, not fatal."""
+    def timed_point(label: str, measure_point: Callable[[], float], prefill: int, cached: int, batch: int,
+                    context: int) -> CalibrationPoint | None:
+        """Time one point; one whose KV cache does not fit (many layers, a large batch) is listed and skipped,
+        not fatal."""
+        where = {"prefill_tokens": prefill, "prefill_context": cached, "decode_seqs": batch, "decode_context": context}
         try:
-            step_s = run(batch, 1, context) if batch else run(1, prefill, cached)
+            step_s = fused_attention(measure_point, where)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            out_of_memory.append({"prefill_tokens": prefill, "prefill_context": cached, "decode_seqs": batch,
-                                  "decode_context": context})
+            out_of_memory.append(where)
             print(f"{label}: skipped, out of GPU memory", flush=True)
-            return
-        points.append(CalibrationPoint(prefill, cached, batch, context, step_s))
+            return None
         print(f"{label}: {step_s * 1e3:.2f} ms", flush=True)
+        return CalibrationPoint(prefill, cached, batch, context, step_s)
+
+    def add(label: str, prefill: int, cached: int, batch: int, context: int) -> None:
+        measure_point = partial(measure, batch, 1, context) if batch else partial(measure, 1, prefill, cached)
+        if (point := timed_point(label, measure_point, prefill, cached, batch, context)) is not None:
+            points.append(point)
 
     for n in grid.prefill_tokens:
         add(f"prefill {n}", n, 0, 0, 0)
@@ -271,8 +322,19 @@ def main() -> None:
     profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
                    layers_timed=args.layers, warm_up_s=args.warm_up_s if dev.type == "cuda" else 0.0,
                    decode_cuda_graphs=use_graphs, decode_eager=decode_eager,
-                   math_attention=math_attention, out_of_memory=out_of_memory,
-                   elapsed_s=time.perf_counter() - started, environment=capture())
+                   math_attention=math_attention, out_of_memory=out_of_memory, environment=capture())
+    fitted = FittedCost(coefficients_by_name(profile["features"], profile["coefficients"]))
+    mixed_steps = []
+    for chunk, past, batch, context in grid.mixed:
+        label = f"mixed: chunk {chunk} after {past} + {batch} decodes at {context}"
+        point = timed_point(label, partial(measure_mixed, chunk, past, batch, context), chunk, past, batch, context)
+        if point is not None:
+            priced = fitted.step_time(*point.features()[1:])
+            mixed_steps.append({**point.__dict__, "profile_s": priced,
+                                "error_pct": (priced - point.step_s) / point.step_s * 100})
+            print(f"  the profile prices it {priced * 1e3:.2f} ms ({mixed_steps[-1]['error_pct']:+.1f}%)", flush=True)
+    profile["mixed_steps"] = mixed_steps
+    profile["elapsed_s"] = time.perf_counter() - started
     if dev.type == "cuda":
         profile["gpu_properties"] = gpu_properties()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,10 @@ def test_cpu_mode_writes_a_profile_the_simulator_runs(tmp_path: Path) -> None:
     kinds = {(p["prefill_tokens"] > 0, p["prefill_context"] > 0, p["decode_seqs"] > 0) for p in profile["points"]}
     assert kinds == {(True, False, False), (True, True, False), (False, False, True)}  # prompts, chunks, decodes
     assert all(p["step_s"] > 0 for p in profile["points"])
+    [mixed] = profile["mixed_steps"]  # a chunk and two decodes in one step, held out of the fit
+    assert (mixed["prefill_tokens"], mixed["decode_seqs"]) == (64, 2) and mixed["step_s"] > 0
+    assert mixed["profile_s"] > 0 and mixed["error_pct"] == pytest.approx(
+        (mixed["profile_s"] - mixed["step_s"]) / mixed["step_s"] * 100)
     prefills = sorted((p["prefill_tokens"], p["step_s"]) for p in profile["points"] if not p["decode_seqs"]
                       and not p["prefill_context"])
     assert prefills[0][0] < prefills[-1][0]  # several prompt lengths (their times are not compared: a busy
