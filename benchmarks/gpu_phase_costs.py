@@ -14,9 +14,10 @@ for the box's Python version) and install them with `pip install --no-index`.
 
 It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
 shard would be), times them with CUDA events (the wall clock on a CPU), scales the per-layer time to the model's
-depth and adds a measured LM-head matmul. A decode step is replayed from a CUDA graph, as vLLM runs decode batches
-(its eager time, kernel launches included, is kept beside it as `decode_eager`); prefills run eager, where launch
-time is small next to the work. No all-reduce is measured (one GPU; the simulator adds the
+depth and adds a measured LM-head matmul. A step of up to `GRAPH_MAX_TOKENS` tokens (every decode batch of the
+grid, and short prefills) is replayed from a CUDA graph, as vLLM replays the steps of its capture sizes (its eager
+time, kernel launches included, is kept beside it as `eager`); longer steps run eager, where launch time is small
+next to the work. No all-reduce is measured (one GPU; the simulator adds the
 shards' exchange to a profile of a shard). The output,
 data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's format (usable as
 `profile:` in a sim spec) and the environment.
@@ -63,6 +64,10 @@ FULL = Grid((256, 512, 1024, 2048, 4096, 8192, 16384), ((2048, 4096), (2048, 122
                                 (8192, 0, 64, 2048)))
 #: A few seconds on a CPU with pdlab-small: checks the code path, not a profile to keep.
 QUICK = Grid((32, 64, 128, 256), ((64, 128),), (1, 4), (64, 256), ((64, 0, 2, 64),))
+
+
+#: The largest step replayed from a CUDA graph: vLLM's largest capture size by default (512 tokens).
+GRAPH_MAX_TOKENS = 512
 
 
 class Layer(torch.nn.Module):
@@ -179,7 +184,7 @@ def main() -> None:
                         help="cpu: check the script itself (float32), with --quick and a small model.")
     parser.add_argument("--quick", action="store_true", help="A handful of small points instead of the full grid.")
     parser.add_argument("--warm-up-s", type=float, default=3.0, help="Seconds of matmuls before timing (GPU).")
-    parser.add_argument("--no-cuda-graphs", action="store_true", help="Time decode steps eagerly only.")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="Time every step eagerly.")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_phase_costs needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -208,7 +213,7 @@ def main() -> None:
     kv_heads, hd = layers[0].kv_heads, shape.head_dim
 
     use_graphs = dev.type == "cuda" and not args.no_cuda_graphs
-    decode_eager: list[dict[str, float]] = []
+    eager: list[dict[str, float]] = []
     math_attention: list[dict[str, int]] = []
 
     def timed(body_step: Callable[[], None], head_step: Callable[[], None]) -> float:
@@ -251,19 +256,19 @@ def main() -> None:
             lm_head(x[:, -1:])
 
         with torch.inference_mode():
-            eager = timed(step, head_step)
-            if new > 1 or not use_graphs:
-                return eager
-            decode_eager.append({"batch": batch, "context": past, "step_s": eager})
+            eager_s = timed(step, head_step)
+            if batch * new > GRAPH_MAX_TOKENS or not use_graphs:
+                return eager_s
+            eager.append({"batch": batch, "new": new, "past": past, "step_s": eager_s})
             try:
                 return timed(graphed(step), graphed(head_step))
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as error:  # kept eager from here on, and the profile says so
-                print(f"  CUDA graph capture failed ({error}); decode steps timed eagerly", flush=True)
+                print(f"  CUDA graph capture failed ({error}); steps timed eagerly", flush=True)
                 use_graphs = False
                 torch.cuda.synchronize()
-                return eager
+                return eager_s
 
     def measure_mixed(chunk: int, past: int, batch: int, context: int) -> float:
         """A chunk and `batch` decodes in one step, eager (a mixed step's shapes change every step: vLLM does not
@@ -321,7 +326,8 @@ def main() -> None:
                           source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
     profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
                    layers_timed=args.layers, warm_up_s=args.warm_up_s if dev.type == "cuda" else 0.0,
-                   decode_cuda_graphs=use_graphs, decode_eager=decode_eager,
+                   cuda_graphs=use_graphs, graph_max_tokens=GRAPH_MAX_TOKENS,
+                   eager=eager,
                    math_attention=math_attention, out_of_memory=out_of_memory, environment=capture())
     fitted = FittedCost(coefficients_by_name(profile["features"], profile["coefficients"]))
     mixed_steps = []
