@@ -4,23 +4,23 @@ batch x context for Llama-shaped layers (random bf16 weights), and fit a simulat
 Its CPU mode (`--device cpu --quick`, a few seconds with pdlab-small) runs the same code path in the test suite.
 The profiles it wrote on an H200 are under data/results/gpu/ (docs/simulator.md, "GPU cost profiles").
 
-    python benchmarks/gpu_phase_costs.py --model Llama-3.1-8B     # about 3-6 minutes on an H100/H200
-    python benchmarks/gpu_phase_costs.py --model Llama-3.1-70B --tensor-parallel 2
+    python benchmarks/gpu_phase_costs.py --model Llama-3.1-8B --layers 4 --repeats 10   # 6-12 s on an H200
+    python benchmarks/gpu_phase_costs.py --model Llama-3.1-70B --tensor-parallel 2 --layers 4 --repeats 10
     python benchmarks/gpu_phase_costs.py --model pdlab-small --device cpu --quick --out /tmp/check.json
 
 Besides torch it needs pdlab's light dependencies only: pydantic, pyyaml, numpy and psutil (`PYTHONPATH=src` from a
-checkout is enough). On a GPU box without internet, bring pydantic as wheels (`pip download pydantic` elsewhere,
-for the box's Python version) and install them with `pip install --no-index`.
+checkout is enough). On a GPU box without internet, bring pydantic, pydantic-core, annotated-types,
+typing-inspection and typing-extensions as wheels (`pip download` elsewhere, for the box's Python version) and
+install them with `pip install --no-index`.
 
 It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
 shard would be), times them with CUDA events (the wall clock on a CPU), scales the per-layer time to the model's
 depth and adds a measured LM-head matmul. A step of up to `GRAPH_MAX_TOKENS` tokens (every decode batch of the
 grid, and short prefills) is replayed from a CUDA graph, as vLLM replays the steps of its capture sizes (its eager
 time, kernel launches included, is kept beside it as `eager`); longer steps run eager, where launch time is small
-next to the work. No all-reduce is measured (one GPU; the simulator adds the
-shards' exchange to a profile of a shard). The output,
-data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's format (usable as
-`profile:` in a sim spec) and the environment.
+next to the work. No all-reduce is measured (one GPU; the simulator adds the shards' exchange to a profile of a
+shard). The output, data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's
+format (usable as `profile:` in a sim spec), the held-out mixed steps and the environment.
 """
 
 from __future__ import annotations
