@@ -76,7 +76,7 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
     start = time.perf_counter()
     try:
         summary, _ = simulate(spec)
-    except (ConfigError, ValueError) as error:
+    except ValueError as error:  # a ConfigError too
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     summary["elapsed_s"] = time.perf_counter() - start
@@ -341,7 +341,7 @@ def efficiency_cmd(profiles: list[Path] = typer.Argument(..., help="GPU profiles
     try:
         ensure_new(out)
         fit = fit_efficiency(load_profiles(profiles), hardware)
-    except (ConfigError, ValueError, KeyError, OSError) as error:
+    except (ValueError, KeyError, OSError) as error:  # ValueError: a ConfigError too
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     fit.update(inputs=[str(p) for p in profiles], environment=capture())

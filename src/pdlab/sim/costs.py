@@ -91,6 +91,11 @@ class StepCost(Protocol):
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float: ...
 
 
+def logits_rows(prefill_tokens: int, decode_seqs: int) -> int:
+    """Rows a step's LM head computes: one per decoding sequence, one for a prefill (its last token)."""
+    return decode_seqs + (1 if prefill_tokens else 0)
+
+
 @dataclass(frozen=True)
 class TensorParallelExchange:
     """What the GPUs of a tensor-parallel instance exchange per step, in seconds, over `link`.
@@ -116,6 +121,10 @@ class TensorParallelExchange:
 
     def time(self, tokens: int, logits_rows: int) -> float:
         return self._fixed + tokens * self._per_token + logits_rows * self._per_logits_row
+
+    def for_step(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """What a scheduler step's tokens exchange."""
+        return self.time(prefill_tokens + decode_seqs, logits_rows(prefill_tokens, decode_seqs))
 
 
 @dataclass(frozen=True)
@@ -155,20 +164,18 @@ class RooflineCost:
         weights' bytes, attention's FLOPs and the KV bytes it reads. The step takes the overhead, the larger of the
         first two, the larger of the last two, and the tensor-parallel exchange."""
         # FLOPs and bytes count causal pairs only: neither premium of the CPU tier's fitted profiles is priced.
-        logits_rows = decode_seqs + (1 if prefill_tokens else 0)
-        return ((prefill_tokens + decode_seqs) * self._s_per_linear_token + logits_rows * self._s_per_logits_row,
+        rows = logits_rows(prefill_tokens, decode_seqs)
+        return ((prefill_tokens + decode_seqs) * self._s_per_linear_token + rows * self._s_per_logits_row,
                 self._s_weights, (prefill_attention + decode_context) * self._s_per_attention_pair,
                 (decode_context + prefill_tokens) * self._s_per_kv_token)
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
-        tokens = prefill_tokens + decode_seqs
-        if tokens == 0:
+        if prefill_tokens + decode_seqs == 0:
             return 0.0
         linear_flops, weights, attention_flops, kv_reads = self.terms(prefill_tokens, prefill_attention,
                                                                       decode_seqs, decode_context)
-        exchange = (self._exchange.time(tokens, decode_seqs + (1 if prefill_tokens else 0))
-                    if self._exchange is not None else 0.0)
+        exchange = self._exchange.for_step(prefill_tokens, decode_seqs) if self._exchange is not None else 0.0
         return self._overhead + max(linear_flops, weights) + max(attention_flops, kv_reads) + exchange
 
 
@@ -184,11 +191,9 @@ class ForwardPassCost:
 
     def step_time(self, prefill_tokens: int, prefill_attention: float, decode_seqs: int,
                   decode_context: int, fresh_attention: float = 0.0, chunk_square: float = 0.0) -> float:
-        tokens = prefill_tokens + decode_seqs
-        if tokens == 0:
+        if prefill_tokens + decode_seqs == 0:
             return 0.0
-        exchange = (self.exchange.time(tokens, decode_seqs + (1 if prefill_tokens else 0))
-                    if self.exchange is not None else 0.0)
+        exchange = self.exchange.for_step(prefill_tokens, decode_seqs) if self.exchange is not None else 0.0
         return self.serving_overhead_s + exchange + self.forward.step_time(
             prefill_tokens, prefill_attention, decode_seqs, decode_context, fresh_attention, chunk_square)
 

@@ -41,8 +41,9 @@ def roofline_terms(profile: dict[str, Any], hardware: Hardware, catalog: Catalog
     return np.array(rows)
 
 
-def predicted(terms: np.ndarray, compute: float, memory: float, layer_overhead_s: float) -> np.ndarray:
-    """The forward pass as the roofline prices it (no serving overhead: a profile times the forward pass alone)."""
+def predicted(terms: np.ndarray, compute: float, memory: float | np.ndarray, layer_overhead_s: float) -> np.ndarray:
+    """The forward pass as the roofline prices it (no serving overhead: a profile times the forward pass alone);
+    `memory` may be a column of efficiencies, for a row of prices per efficiency."""
     return (terms[:, 4] * layer_overhead_s + np.maximum(terms[:, 0] / compute, terms[:, 1] / memory)
             + np.maximum(terms[:, 2] / compute, terms[:, 3] / memory))
 
@@ -74,15 +75,15 @@ def fit_efficiency(profiles: list[dict[str, Any]], hardware_name: str,
     hardware = catalog.get("hardware", hardware_name)
     if not profiles:
         raise ValueError("fit_efficiency needs at least one GPU profile")
-    terms = np.concatenate([roofline_terms(p, hardware, catalog) for p in profiles])
-    measured = np.array([point.step_s for p in profiles for point in profile_points(p)])
+    each = [(roofline_terms(p, hardware, catalog), np.array([point.step_s for point in profile_points(p)]))
+            for p in profiles]
+    terms = np.concatenate([profile_terms for profile_terms, _ in each])
+    measured = np.concatenate([times for _, times in each])
     layers = terms[:, 4]
     weights = np.broadcast_to(layers / measured, (len(GRID), len(measured)))
     best: tuple[float, float, float, float] | None = None
     for compute in GRID:
-        # rows: the memory efficiencies tried; columns: points
-        rooflines = (np.maximum(terms[:, 0] / compute, terms[:, 1] / GRID[:, None])
-                     + np.maximum(terms[:, 2] / compute, terms[:, 3] / GRID[:, None]))
+        rooflines = predicted(terms, compute, GRID[:, None], 0.0)  # rows: the memory efficiencies; columns: points
         per_layer = np.maximum(_weighted_median((measured - rooflines) / layers, weights), 0)
         mean_errors = np.mean(np.abs(rooflines + per_layer[:, None] * layers - measured) / measured, axis=1)
         i = int(np.argmin(mean_errors))
@@ -97,9 +98,8 @@ def fit_efficiency(profiles: list[dict[str, Any]], hardware_name: str,
                                                 hardware.memory_efficiency, per_layer_s)))
 
     per_profile = []
-    for profile in profiles:
-        times = np.array([point.step_s for point in profile_points(profile)])
-        fitted_errors, catalog_errors = errors(roofline_terms(profile, hardware, catalog), times)
+    for profile, (profile_terms, times) in zip(profiles, each, strict=True):
+        fitted_errors, catalog_errors = errors(profile_terms, times)
         per_profile.append({"model": profile["model"], "tensor_parallel": int(profile.get("tensor_parallel", 1)),
                             "points": len(times), "error_pct": _summary(fitted_errors),
                             "catalog_error_pct": _summary(catalog_errors)})
