@@ -15,6 +15,16 @@ def test_setup_is_idempotent():
     assert result.returncode == 0, "make setup would install again: " + result.stdout + result.stderr
 
 
+def test_setup_refuses_a_disk_too_full_before_installing(tmp_path):
+    """Short of free space, set-up stops before making the venv and says how much it needs and where."""
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", f"{venv}/bin/python", f"VENV={venv}", "NEED_FREE_GIB=1000000"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "needs about 1000000 GiB free" in result.stderr and "GiB free" in result.stderr.split("needs", 1)[1]
+    assert not venv.exists()
+
+
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
