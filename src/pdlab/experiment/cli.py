@@ -68,6 +68,21 @@ def print_comparison(run_dir: Path) -> None:
         console.print("[yellow]This run is incomplete: it was interrupted; figures cover what was measured.[/yellow]")
 
 
+def _fail(error: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {error}")
+    return typer.Exit(code=1)
+
+
+def _report(run_dir: Path, record: bool) -> None:
+    """What every run prints at its end: the comparison, where the run is, and where it was recorded."""
+    from pdlab.experiment.lab import record_run
+
+    print_comparison(run_dir)
+    console.print(f"Run directory: {run_dir}\nReport: {run_dir / 'report.html'}")
+    if record:
+        console.print(f"Recorded: {record_run(run_dir)}")
+
+
 def run(
     lab: Path = typer.Argument(..., help="Lab spec (YAML) with scenarios and a workload."),
     quick: bool = typer.Option(False, help="Short loads (the lab's quick_duration_s), for a first look or CI."),
@@ -83,7 +98,7 @@ def run(
 ) -> None:
     """Run a lab: each scenario's deployment in turn, the same workload, one run directory with a report."""
     from pdlab.deploy import DeployError
-    from pdlab.experiment.lab import LabError, record_run, run_at_url, run_lab
+    from pdlab.experiment.lab import LabError, run_at_url, run_lab
 
     spec = _load(lab)
     try:
@@ -101,18 +116,23 @@ def run(
             run_dir = run_lab(spec, quick=quick, duration_s=duration, only=only or None, run_dir=out,
                               console=console)
     except (LabError, DeployError, FileExistsError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(code=1) from None
-    print_comparison(run_dir)
-    console.print(f"Run directory: {run_dir}\nReport: {run_dir / 'report.html'}")
-    if record:
-        console.print(f"Recorded: {record_run(run_dir)}")
+        raise _fail(error) from None
+    _report(run_dir, record)
 
 
 def demo(
     out: Path = typer.Option(None, help="Write the run (summary.json, report.html, ...) into this directory."),
     quick: bool = typer.Option(False, help="Short loads, for a first look."),
+    record: bool = typer.Option(False, help="Also copy summary and environment to data/results/hol-blocking/<run>/."),
 ) -> None:
     """The lab's headline: short requests freeze behind long prompts when colocated, and flow when prefill and
     decode are disaggregated. Runs labs/hol-blocking.yaml (about 8 minutes on 2 cores)."""
-    run(_labs_dir() / DEMO_LAB, quick=quick, duration=None, only=None, out=out, record=False)
+    from pdlab.deploy import DeployError
+    from pdlab.experiment.lab import LabError, run_lab
+
+    spec = _load(_labs_dir() / DEMO_LAB)
+    try:
+        run_dir = run_lab(spec, quick=quick, run_dir=out, console=console)
+    except (LabError, DeployError, FileExistsError) as error:
+        raise _fail(error) from None
+    _report(run_dir, record)
