@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
 
     builder = PromptBuilder(resolve("pdlab-tiny"))
-    server = subprocess.Popen([sys.executable, "-m", "pdlab.standin", "--port", str(PORT), "--token-ms",
+    server = subprocess.Popen([sys.executable, "-m", "pdlab.benchmarks.standin", "--port", str(PORT), "--token-ms",
                                str(args.token_ms)])
     url = f"http://127.0.0.1:{PORT}"
     results = []
@@ -67,7 +67,7 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=10)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": "load-accuracy", "server": {"kind": "pdlab.standin", "token_ms": args.token_ms,
+    record = {"benchmark": "load-accuracy", "server": {"kind": "pdlab.benchmarks.standin", "token_ms": args.token_ms,
                                                         "prefill_ms": 0, "output_tokens": args.output_tokens},
               "results": results, "environment": environment()}
     args.out.write_text(json.dumps(record, indent=2) + "\n")

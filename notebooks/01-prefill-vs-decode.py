@@ -42,7 +42,8 @@ REPEATS = course.choose(5, 3)  # timed runs per point (the fastest is kept: othe
 # %%
 import pandas as pd
 
-from pdlab import hardware, phases
+from pdlab import hardware
+from pdlab.benchmarks import phases
 
 model = phases.load_model(MODEL)
 shape = phases.shape_of(model)
@@ -85,7 +86,7 @@ phases.decode_figure(decode)
 # bandwidth $B$ (bytes/s) can run a kernel of intensity $I$ at most at $\min(P,\ I \cdot B)$: the *roofline*.
 # Below the ridge point $P/B$ a kernel waits on memory; above it, on arithmetic.
 #
-# The counting conventions are in `pdlab.phases` (matrix products at 2 FLOPs per multiply-add; weights, embedding
+# The counting conventions are in `pdlab.model.shape` (matrix products at 2 FLOPs per multiply-add; weights, embedding
 # rows and KV cache bytes). This CPU's roof is measured now: a float32 matrix multiplication for $P$ and a large
 # array copy for $B$, both on one thread.
 

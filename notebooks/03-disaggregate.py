@@ -70,9 +70,9 @@ print(f"KV transfer: {moved.transfers:g} transfer(s), {moved.bytes / 1e6:,.2f} M
 # How many bytes should that be? Each prompt token stores a key and a value vector per layer and KV head.
 
 # %%
-from pdlab import phases
+from pdlab.model.shape import shape_of_dir
 
-shape = phases.shape_of_dir(dep.model_dir)  # float32, as served here
+shape = shape_of_dir(dep.model_dir)  # float32, as served here
 expected = shape.kv_bytes_per_token * answer.prompt_tokens
 print(f"{shape.kv_bytes_per_token:,} bytes per token x {answer.prompt_tokens} tokens = {expected / 1e6:,.2f} MB "
       f"(vLLM moves whole 128-token blocks)")

@@ -131,10 +131,10 @@ dep.stop()  # stops it only if this notebook started it
 # router's own strategy code and the prompts' block hashes, in a fraction of a second.
 
 # %%
+from pdlab.calibration.lab import points_frame, simulate_lab
 from pdlab.config import load_lab
 from pdlab.model import resolve
 from pdlab.settings import repo_root
-from pdlab.sim.lab import points_frame, simulate_lab
 
 strategies = simulate_lab(load_lab(repo_root() / "labs" / "routing-strategies.yaml"),
                           model_dir=resolve("pdlab-small"))

@@ -64,8 +64,8 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
 
 # %%
+from pdlab.calibration.validate import latest_validation
 from pdlab.report import validation_figure, validation_summary
-from pdlab.sim.validate import latest_validation
 
 recorded = latest_validation()
 print(validation_summary(recorded))

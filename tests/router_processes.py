@@ -27,8 +27,8 @@ def running(argv: list[str], health: str, log: Path, env: dict[str, str] | None 
 
 
 def standin(port: int, log_dir: Path, *flags: str) -> contextlib.AbstractContextManager[ManagedProcess]:
-    argv = [sys.executable, "-m", "pdlab.standin", "--port", str(port), "--model", MODEL, "--name", f"s{port}",
-            *flags]
+    argv = [sys.executable, "-m", "pdlab.benchmarks.standin", "--port", str(port), "--model", MODEL,
+            "--name", f"s{port}", *flags]
     return running(argv, url(port) + "/health", log_dir / f"standin-{port}.log")
 
 

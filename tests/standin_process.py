@@ -16,9 +16,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @contextmanager
 def standin(port: int, *flags: str) -> Iterator[str]:
-    """Run `python -m pdlab.standin --port PORT FLAGS...` until the block ends; yields its base URL."""
+    """Run `python -m pdlab.benchmarks.standin --port PORT FLAGS...` until the block ends; yields its base URL."""
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "pdlab.standin", "--port", str(port), *flags]
+    argv = [sys.executable, "-m", "pdlab.benchmarks.standin", "--port", str(port), *flags]
     with tempfile.TemporaryDirectory(prefix="pdlab-standin-") as logs, \
             serving(f"standin-{port}", argv, url + "/health", Path(logs) / "standin.log", timeout_s=20):
         yield url

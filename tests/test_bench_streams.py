@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pdlab.benchmarks.streams import STREAM_TOKENS, check_streams, load_points, run, slope_per_stream
+from pdlab.calibration.calibrate import per_stream_overhead_s, streams_probe_ttft
 from pdlab.cli import app
-from pdlab.sim.calibrate import per_stream_overhead_s, streams_probe_ttft
 from pdlab.sim.costs import FittedCost, ServingOverheads
 from tests.standin_process import free_port, standin
 

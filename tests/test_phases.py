@@ -1,4 +1,4 @@
-"""pdlab.phases: exact FLOP/byte formulas on a hand-worked shape, the shape of the real local model, and the
+"""pdlab.benchmarks.phases: exact FLOP/byte formulas on a hand-worked shape, the shape of the real local model, and the
 measurements' structure (no timing assertions: timings are only checked to be positive and finite)."""
 
 from __future__ import annotations
@@ -8,13 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdlab import hardware, phases
+from pdlab import hardware
+from pdlab.benchmarks import phases
 from pdlab.config import ConfigError
+from pdlab.model.shape import ModelShape, shape_of_dir
 
 # A shape small enough to work out by hand: hidden 8, 2 layers, 2 query heads and 1 KV head of 4 dims, MLP 16,
 # vocabulary 10, float32.
-SMALL = phases.ModelShape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
-                          vocab_size=10, dtype_bytes=4)
+SMALL = ModelShape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                   vocab_size=10, dtype_bytes=4)
 
 
 def test_layer_params_and_bytes_by_hand() -> None:
@@ -65,7 +67,7 @@ def test_with_dtype_halves_bytes_not_flops() -> None:
 def test_from_config_reads_llama_names_and_defaults_head_dim() -> None:
     config = SimpleNamespace(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                              intermediate_size=16, vocab_size=10)
-    assert phases.ModelShape.from_config(config) == SMALL
+    assert ModelShape.from_config(config) == SMALL
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,7 @@ def test_shape_matches_the_real_models_parameter_count(tiny) -> None:
 def test_shape_of_dir_reads_config_json_like_the_loaded_model(tiny) -> None:
     from pdlab import model as local_models
 
-    assert phases.shape_of_dir(local_models.resolve("pdlab-tiny")) == phases.shape_of(tiny)
+    assert shape_of_dir(local_models.resolve("pdlab-tiny")) == phases.shape_of(tiny)
 
 
 def test_measure_prefill_records_each_length(tiny) -> None:

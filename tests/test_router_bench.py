@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pdlab.router.bench import run_router_bench, vllm_router_executable
+from pdlab.benchmarks.router import run_router_bench, vllm_router_executable
 
 
 def test_bench_writes_the_documented_shape(tmp_path):

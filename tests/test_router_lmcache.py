@@ -43,7 +43,7 @@ def at(host: str, port: int) -> str:
 
 def lmcache_standin(host: str, port: int, log_dir: Path, *flags: str
                     ) -> contextlib.AbstractContextManager[ManagedProcess]:
-    argv = [sys.executable, "-m", "pdlab.standin", "--host", host, "--port", str(port), "--model", MODEL,
+    argv = [sys.executable, "-m", "pdlab.benchmarks.standin", "--host", host, "--port", str(port), "--model", MODEL,
             "--name", f"s{port}", *flags]
     return running(argv, at(host, port) + "/health", log_dir / f"standin-{host}-{port}.log")
 

@@ -159,7 +159,7 @@ def test_fit_never_returns_negative_costs(tmp_path) -> None:
 
 
 def test_calibration_measures_the_tiny_model_and_fits_it() -> None:
-    from pdlab.sim.calibrate import CalibrationGrid, calibrate
+    from pdlab.calibration.calibrate import CalibrationGrid, calibrate
 
     grid = CalibrationGrid(prefill_tokens=(32, 256), chunks=((64, 128),), decode_batches=(1, 2),
                            decode_contexts=(32, 256), repeats=1)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pdlab.calibration.efficiency import fit_efficiency, load_profiles
 from pdlab.cli import app
 from pdlab.settings import data_dir, repo_root
 from pdlab.sim.catalog import load_catalog
 from pdlab.sim.costs import RooflineCost, chunk_attention
-from pdlab.sim.efficiency import fit_efficiency, load_profiles
 
 GPU_RESULTS = data_dir() / "results" / "gpu"
 SHIPPED = sorted(GPU_RESULTS.glob("*-NVIDIA-H200-tp*.json"))

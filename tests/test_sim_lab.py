@@ -7,16 +7,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pdlab.calibration.lab import lab_points, lab_requests, simulate_lab
 from pdlab.cli import app
 from pdlab.config import load_lab
-from pdlab.config.sim import SimSpec
+from pdlab.config.sim import SimSpec, SimWorkload
 from pdlab.load.prompts import PromptBuilder
 from pdlab.load.schedule import build_schedule
 from pdlab.model import resolve
 from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS, VLLM_CPU_MAX_NUM_SEQS, repo_root
-from pdlab.sim.lab import lab_points, lab_requests, simulate_lab
 from pdlab.sim.scenario import simulate
-from pdlab.sim.workload import SimWorkload
 
 LABS = repo_root() / "labs"
 
@@ -110,7 +109,7 @@ def test_replica_choice_on_shared_prefixes_pays_off_through_the_prefix_cache(sma
 
 
 def test_points_read_as_one_table_row_per_point_and_class() -> None:
-    from pdlab.sim.lab import points_frame
+    from pdlab.calibration.lab import points_frame
 
     points = {"a": {"requests": 3, "seeds": 1,
                     "short": {"count": 2, "ttft_ms": {"p50": 10.0, "p99": 20.0}, "itl_ms": {"p50": 1.0, "p99": 2.0}},
@@ -125,11 +124,11 @@ def test_a_prefix_caching_run_is_replayed_with_its_prompts_hashes(tmp_path: Path
     """A run of the routing-strategies lab as pdlab leaves it (rows, schedule.jsonl, the deployment): the replay
     hashes the prompts it sent and caches prefixes as its instances did, so replaying a run the simulator made
     under the same profile gives its own percentiles back."""
+    from pdlab.calibration.validate import replay_of, validate_runs
     from pdlab.load.rows import RowWriter
     from pdlab.load.schedule import write_schedule
     from pdlab.settings import data_dir
     from pdlab.sim.summary import token_times
-    from pdlab.sim.validate import replay_of, validate_runs
 
     lab = load_lab(LABS / "routing-strategies.yaml")
     requests = lab_requests(lab, model_dir=small_model)

@@ -15,8 +15,8 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from pdlab.calibration.sitting import SittingError, Step, plan, run, scenario_dirs
 from pdlab.cli import app
-from pdlab.sim.sitting import SittingError, Step, plan, run, scenario_dirs
 
 LABS = Path("labs")
 
@@ -163,7 +163,7 @@ def test_dry_run_prints_the_plan_and_records_nothing(tmp_path: Path) -> None:
 SITTING_SCRIPT = """
 import sys
 from pathlib import Path
-from pdlab.sim.sitting import Step, run
+from pdlab.calibration.sitting import Step, run
 out = Path(sys.argv[1])
 child = "import os, pathlib, time; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(60)" % sys.argv[2]
 try:

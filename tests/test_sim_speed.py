@@ -1,4 +1,4 @@
-"""Moving a fitted profile to another machine's speed (`pdlab.sim.speed`, `pdlab sim rescale`)."""
+"""Moving a fitted profile to another machine's speed (`pdlab.calibration.speed`, `pdlab sim rescale`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pdlab.calibration.calibrate import probe_ttft
+from pdlab.calibration.speed import ATTENTION_FEATURES, SpeedProbeError, cpu_differences, rescaled, speed_factor
 from pdlab.cli import app
-from pdlab.sim.calibrate import probe_ttft
 from pdlab.sim.costs import FEATURES, FittedCost, ServingOverheads, load_profile
 from pdlab.sim.scenario import resolve_profile
-from pdlab.sim.speed import ATTENTION_FEATURES, SpeedProbeError, cpu_differences, rescaled, speed_factor
 
 SHIPPED = resolve_profile(Path("pdlab-small-fitted"))
 LENGTHS = (64, 256, 1024, 3000)
@@ -160,7 +160,7 @@ def test_the_recorded_rescale_on_another_cpu_reproduces(name: str) -> None:
     before and after the runs, validated on runs of an AVX2-only host (docs/simulator.md): each rescaled profile
     follows from its probe, and replaying the runs gives the recorded numbers again (the simulator is seeded)."""
     from pdlab.benchmarks.prefill import load_points
-    from pdlab.sim.validate import validate_runs
+    from pdlab.calibration.validate import validate_runs
 
     root = RECORDED.parents[3]
     recorded = json.loads((RECORDED / name / "validation.json").read_text())

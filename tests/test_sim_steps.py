@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from pdlab.calibration.steps import compare_steps, read_steps, steps_of_run
+from pdlab.calibration.validate import RunDirError
 from pdlab.cli import app
 from pdlab.settings import data_dir
 from pdlab.sim.costs import FittedCost
-from pdlab.sim.steps import compare_steps, read_steps, steps_of_run
-from pdlab.sim.validate import RunDirError
 from tests.test_sim_validate import TRUTH, make_run, write_profile
 
 

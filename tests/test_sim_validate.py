@@ -10,12 +10,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pdlab.calibration.validate import (
+    MeasuredRequest,
+    RunDirError,
+    read_run,
+    replay_of,
+    sampling_intervals,
+    validate_runs,
+)
 from pdlab.cli import app
 from pdlab.config.sim import SimSpec
 from pdlab.sim.costs import FEATURES, CalibrationPoint, FittedCost, ServingOverheads, fit_profile
 from pdlab.sim.scenario import resolve_profile, simulate
 from pdlab.sim.summary import token_times
-from pdlab.sim.validate import MeasuredRequest, RunDirError, read_run, replay_of, sampling_intervals, validate_runs
 
 TRUTH = FittedCost((0.006, 4.5e-4, 2e-8, 6e-4, 1e-6, 1e-8))
 #: The same, with its premium on the chunks' squares (what a fit through the simulator prices by default).
@@ -233,7 +240,7 @@ def write_run_with_overheads(run_dir: Path, profile: Path, pools: dict, requests
 
 
 def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load(tmp_path: Path) -> None:
-    from pdlab.sim.calibrate import fit_to_runs, probe_ttft
+    from pdlab.calibration.calibrate import fit_to_runs, probe_ttft
 
     truth = write_profile(tmp_path / "truth.json", TRUTH_SQUARE)
     profile = json.loads(truth.read_text())
@@ -281,7 +288,7 @@ def test_fit_through_the_simulator_reproduces_its_runs_and_predicts_another_load
 def test_the_sender_wake_ups_spread_is_held_through_the_fit_and_recorded(tmp_path: Path) -> None:
     """`pdlab bench transfer` measures the spread of a busy sender's wake-ups; the fit searches only their mean and
     the profile keeps the spread with its source."""
-    from pdlab.sim.calibrate import fit_to_runs
+    from pdlab.calibration.calibrate import fit_to_runs
 
     truth = write_profile(tmp_path / "truth.json", TRUTH)
     runs = [write_run_with_overheads(tmp_path / "calib-1p1d", truth, {"prefill": 1, "decode": 1},
@@ -302,7 +309,7 @@ def test_the_sender_wake_ups_spread_is_held_through_the_fit_and_recorded(tmp_pat
 def test_the_admission_window_is_held_through_the_fit_and_recorded(tmp_path: Path) -> None:
     """`pdlab bench admission`'s windows are measured, not fitted: the fit simulates with them and the profile keeps
     them (with their source), so the validation replays what was fitted."""
-    from pdlab.sim.calibrate import fit_to_runs
+    from pdlab.calibration.calibrate import fit_to_runs
 
     truth = write_profile(tmp_path / "truth.json", TRUTH)
     admission_ms = {"colocated": 0.5, "prefill": 2.0, "decode": 2.0}
@@ -319,8 +326,8 @@ def test_the_admission_window_is_held_through_the_fit_and_recorded(tmp_path: Pat
 
 def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold(tmp_path: Path) -> None:
     """`pdlab run` of a sweep writes `<scenario>@<value>/rows.csv` and one `<scenario>/deployment/`."""
+    from pdlab.calibration.validate import infer_shape
     from pdlab.load.rows import COLUMNS
-    from pdlab.sim.validate import infer_shape
 
     run = tmp_path / "threshold-sweep"
     deployment = run / "disaggregated" / "deployment"
@@ -356,7 +363,7 @@ def test_the_simulators_percentiles_are_averaged_over_seeds_not_pooled() -> None
     """One simulation is one random draw (step jitter, a busy sender's wake-ups); a validation averages each
     percentile over several seeds. Averaging, not pooling: twice the same requests would move a small class's p99
     onto its largest value."""
-    from pdlab.sim.validate import seed_mean
+    from pdlab.calibration.validate import seed_mean
 
     one = {"short": {"ttft_ms": {"p50": 10.0, "p99": 50.0}, "itl_ms": {"p50": 2.0, "p99": 8.0}}, "requests": {}}
     two = {"short": {"ttft_ms": {"p50": 14.0, "p99": 70.0}, "itl_ms": {"p50": 2.0, "p99": None}}, "requests": {}}
@@ -378,9 +385,9 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
     """data/results/sim-validation/ records the simulator against measured runs shipped in data/sim-runs/, with the
     profile shipped in data/catalog/profiles/: replaying them again gives the same numbers (the simulator is
     seeded). A change to the simulator that moves them must re-record the validation (`pdlab sim validate`)."""
+    from pdlab.calibration.validate import latest_validation, measured_transfer_s
     from pdlab.settings import data_dir
     from pdlab.sim.scenario import resolve_profile
-    from pdlab.sim.validate import latest_validation, measured_transfer_s
 
     recorded = latest_validation()
     root = data_dir().parent
@@ -404,8 +411,8 @@ def test_the_recorded_validation_reproduces_from_the_shipped_runs_and_profile() 
 
 
 def test_the_prefill_probe_is_predicted_as_one_request_chunked_by_the_token_budget() -> None:
+    from pdlab.calibration.calibrate import probe_ttft
     from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS
-    from pdlab.sim.calibrate import probe_ttft
     from pdlab.sim.costs import ServingOverheads
 
     cost = FittedCost((0.01, 0.001, 0.0, 0.0, 0.0))
@@ -433,7 +440,7 @@ def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(t
     """The run's replica strategies reach the replay; a prefix-caching run without the prompts it sent (rows of
     another tool, no schedule.jsonl) cannot be hashed, so it is refused with where to turn instead (one with them:
     tests/test_sim_lab.py)."""
-    from pdlab.sim.validate import replay_of
+    from pdlab.calibration.validate import replay_of
 
     profile = write_profile(tmp_path / "profile.json", TRUTH)
     run = make_run(tmp_path / "run", profile, {"colocated": 2})

@@ -1,5 +1,6 @@
 """Helpers the course notebooks share: the quick-mode switch, "check" cells, and teaching-only display helpers.
-The measurements and figures themselves live in the library modules the notebooks call (pdlab.phases, ...)."""
+The measurements and figures themselves live in the library modules the notebooks call (pdlab.benchmarks.phases,
+...)."""
 
 from __future__ import annotations
 

@@ -86,6 +86,12 @@ def data_dir() -> Path:
     return root / "data"
 
 
+def labs_dir() -> Path:
+    """The lab specs shipped with pdlab: `labs/` in the checkout (else `labs/` here, where a user keeps copies)."""
+    root = repo_root()
+    return (root / "labs") if root else Path("labs")
+
+
 def runs_dir() -> Path:
     """Where run directories go: `$PDLAB_RUNS`, else `runs/` in the checkout, else under pdlab_home()."""
     if env := os.environ.get("PDLAB_RUNS"):

@@ -10,7 +10,52 @@ from pydantic import Field, model_validator
 from pdlab.config.base import Spec
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec
 from pdlab.config.router import RouterSettings
-from pdlab.sim.workload import SimWorkload
+
+
+# The workload: the simulator's own minimal form. A lab's `WorkloadSpec` (pdlab.config.workload) maps onto it: each
+# request the load generator would send becomes one `SimRequestSpec` (arrival time, prompt and output tokens, class).
+class SimRequestSpec(Spec):
+    """One request, as the load generator would send it."""
+
+    at_s: float = Field(ge=0)
+    """Arrival time, seconds from the start of the run."""
+    prompt_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=0)
+    cls: str = "short"
+    """Request class for the summary (`short` or `long` in the local labs)."""
+    session: str | None = None
+    """Session key, for the `session` routing strategy."""
+    prefix_hashes: list[int] = []
+    """Hashes of the prompt's full KV blocks (see pdlab.router.strategies.block_hashes), for prefix-aware routing."""
+
+
+class PoissonBimodal(Spec):
+    """Poisson arrivals; each request is `long` with probability `long_fraction`, else `short`."""
+
+    rate_rps: float = Field(gt=0)
+    """Mean arrival rate, requests per second."""
+    num_requests: int = Field(gt=0)
+    long_fraction: float = Field(default=0.2, ge=0, le=1)
+    short_prompt_tokens: int = Field(default=256, gt=0)
+    long_prompt_tokens: int = Field(default=4096, gt=0)
+    short_output_tokens: int = Field(default=150, gt=0)
+    long_output_tokens: int = Field(default=150, gt=0)
+    spread: float = Field(default=0.25, ge=0, lt=1)
+    """Token counts are drawn uniformly within +-spread of the class's figure."""
+    seed: int = 0
+
+
+class SimWorkload(Spec):
+    """What the simulated clients send: `requests`, or `poisson` (exactly one)."""
+
+    requests: list[SimRequestSpec] = []
+    poisson: PoissonBimodal | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SimWorkload:
+        if bool(self.requests) == (self.poisson is not None):
+            raise ValueError("give either `requests` or `poisson`, not both or neither")
+        return self
 
 
 class LinkChoice(Spec):

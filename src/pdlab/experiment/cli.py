@@ -10,17 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pdlab.settings import repo_root
+from pdlab.settings import labs_dir
 
 console = Console()
 
 #: The lab `pdlab demo` runs.
 DEMO_LAB = "hol-blocking.yaml"
-
-
-def _labs_dir() -> Path:
-    root = repo_root()
-    return (root / "labs") if root else Path("labs")
 
 
 def _load(lab: Path):  # type: ignore[no-untyped-def]
@@ -130,7 +125,7 @@ def demo(
     from pdlab.deploy import DeployError
     from pdlab.experiment.lab import LabError, run_lab
 
-    spec = _load(_labs_dir() / DEMO_LAB)
+    spec = _load(labs_dir() / DEMO_LAB)
     try:
         run_dir = run_lab(spec, quick=quick, run_dir=out, console=console)
     except (LabError, DeployError, FileExistsError) as error:

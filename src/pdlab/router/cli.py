@@ -1,4 +1,4 @@
-"""`pdlab router ...` and `pdlab bench router`."""
+"""`pdlab router ...`."""
 
 from __future__ import annotations
 
@@ -104,19 +104,3 @@ def _receiver_ports(spec: RouterSpec, init_ports: str | None, alloc_ports: str |
         except ValueError:
             raise ConfigError(source, [(name, f"{text!r} is not a comma-separated list of ports")]) from None
     return validate(LMCacheReceiverPorts, lists, source=source)
-
-
-def bench(
-    out: Path = typer.Option(Path("runs/bench-router"), "--out", help="Directory for the result JSON."),
-    requests: int = typer.Option(2000, help="Measured requests per target and concurrency."),
-    rounds: int = typer.Option(5, min=1, help="Interleaved rounds the requests are split into."),
-    warmup: int = typer.Option(100, help="Unmeasured requests first, per target and concurrency."),
-    max_tokens: int = typer.Option(4, help="Tokens per streamed answer."),
-    base_port: int = typer.Option(18500, help="First of the loopback ports the benchmark uses (7 in all)."),
-    save: bool = typer.Option(True, help="Also write a copy to data/results/router-overhead.json."),
-) -> None:
-    """Router overhead: direct vs pdlab router vs vllm-router, side by side, against fast stand-in upstreams."""
-    from pdlab.router.bench import run_router_bench
-
-    run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
-                     save=save, rounds=rounds, console=console)

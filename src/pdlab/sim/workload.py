@@ -1,8 +1,5 @@
-"""The simulator's workload input: an explicit list of requests, or a seeded Poisson arrival process with two
-request classes (short chat turns and long documents).
-
-This is the simulator's own minimal form. A lab's `WorkloadSpec` (pdlab.config.workload) maps onto it: each
-request the load generator would send becomes one `SimRequestSpec` (arrival time, prompt and output tokens, class).
+"""The simulator's arrivals: a sim spec's workload (`pdlab.config.sim.SimWorkload`: an explicit list of requests,
+or a seeded Poisson arrival process with two request classes) as the requests the engine admits, in arrival order.
 """
 
 from __future__ import annotations
@@ -10,53 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from pdlab.config.base import Spec
-
-
-class SimRequestSpec(Spec):
-    """One request, as the load generator would send it."""
-
-    at_s: float = Field(ge=0)
-    """Arrival time, seconds from the start of the run."""
-    prompt_tokens: int = Field(gt=0)
-    output_tokens: int = Field(gt=0)
-    cls: str = "short"
-    """Request class for the summary (`short` or `long` in the local labs)."""
-    session: str | None = None
-    """Session key, for the `session` routing strategy."""
-    prefix_hashes: list[int] = []
-    """Hashes of the prompt's full KV blocks (see pdlab.router.strategies.block_hashes), for prefix-aware routing."""
-
-
-class PoissonBimodal(Spec):
-    """Poisson arrivals; each request is `long` with probability `long_fraction`, else `short`."""
-
-    rate_rps: float = Field(gt=0)
-    """Mean arrival rate, requests per second."""
-    num_requests: int = Field(gt=0)
-    long_fraction: float = Field(default=0.2, ge=0, le=1)
-    short_prompt_tokens: int = Field(default=256, gt=0)
-    long_prompt_tokens: int = Field(default=4096, gt=0)
-    short_output_tokens: int = Field(default=150, gt=0)
-    long_output_tokens: int = Field(default=150, gt=0)
-    spread: float = Field(default=0.25, ge=0, lt=1)
-    """Token counts are drawn uniformly within +-spread of the class's figure."""
-    seed: int = 0
-
-
-class SimWorkload(Spec):
-    """What the simulated clients send: `requests`, or `poisson` (exactly one)."""
-
-    requests: list[SimRequestSpec] = []
-    poisson: PoissonBimodal | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> SimWorkload:
-        if bool(self.requests) == (self.poisson is not None):
-            raise ValueError("give either `requests` or `poisson`, not both or neither")
-        return self
+from pdlab.config.sim import SimWorkload
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ It speaks the same wire protocol as vLLM: `/v1/completions` and `/v1/chat/comple
 `/v1/models`, `/health`, `/metrics` with vLLM's metric names, and the P/D `kv_transfer_params` handshake.
 Text is made of words counted as tokens (one whitespace-separated word = one token).
 
-    python -m pdlab.standin --port 8201 --name decode-0 --token-ms 2 --prefill-us-per-token 50
+    python -m pdlab.benchmarks.standin --port 8201 --name decode-0 --token-ms 2 --prefill-us-per-token 50
 
 With `--lmcache-role` it plays one side of LMCache's P/D protocol instead of NIXL's:
 

@@ -63,7 +63,7 @@ def speed_factor(profile_path: Path, points: Sequence[tuple[int, float]]) -> dic
     geometric mean of the ratios, is both."""
     from scipy.optimize import least_squares
 
-    from pdlab.sim.calibrate import probe_ttft
+    from pdlab.calibration.calibrate import probe_ttft
 
     usable = [(int(tokens), float(seconds)) for tokens, seconds in points if tokens > 0 and seconds > 0]
     if len(usable) < 2:
@@ -146,7 +146,7 @@ def rescale_profile(profile_path: Path, probe_path: Path, *, profile_name: str) 
                       "method": "the times the model's arithmetic sets multiplied by one factor and the prefill's "
                                 "attention by another, fitted to the probe's measured over the profile's simulated "
                                 "time to first token of lone prompts; the KV transfer left as calibrated "
-                                "(pdlab.sim.speed)"}
+                                "(pdlab.calibration.speed)"}
     moved["source"] = (f"{profile_name} moved to this machine's speed (x{found['factor']:.2f}, attention "
                        f"x{found['attention_factor']:.2f}) by {probe_path}")
     moved["environment"] = capture(include_busy=True)

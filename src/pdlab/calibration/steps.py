@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pdlab.calibration.validate import MeasuredRequest, RunDirError, RunShape, replay_of
 from pdlab.sim.costs import StepCost
 from pdlab.sim.scenario import build, prepare
 from pdlab.sim.summary import token_times
-from pdlab.sim.validate import MeasuredRequest, RunDirError, RunShape, replay_of
 
 #: Tokens closer than this belong to one step. A step hands its tokens out one stream after another: a batch of
 #: ten spreads over more than 2 ms on the local CPU (a 2 ms window split such steps), while the shortest decode

@@ -331,10 +331,10 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     import numpy as np
     from scipy.optimize import minimize
 
+    from pdlab.calibration.validate import compare, measured_transfer_s, replay_of, replay_seeds, simulated_transfer_s
     from pdlab.environment import capture
     from pdlab.sim.costs import load_profile
     from pdlab.sim.scenario import prepare, resolve_profile
-    from pdlab.sim.validate import compare, measured_transfer_s, replay_of, replay_seeds, simulated_transfer_s
 
     features = profile_features(premium)
     start_path = resolve_profile(Path(start or DEFAULT_START_PROFILE))

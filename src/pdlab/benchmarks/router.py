@@ -127,14 +127,14 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
     router_url, vr_url = f"http://{HOST}:{router_port}", f"http://{HOST}:{vr_port}"
     vr_direct_url = f"http://{HOST}:{vr_direct_port}"
     token = os.urandom(12).hex()
-    standin = [sys.executable, "-m", "pdlab.standin", "--host", HOST, "--model", MODEL, "--token-ms", "0"]
+    standin = [sys.executable, "-m", "pdlab.benchmarks.standin", "--host", HOST, "--model", MODEL, "--token-ms", "0"]
     pdlab_argv = router_command(RouterSpec(port=router_port, threshold=0), [prefill_url], [decode_url], MODEL,
                                 tokenizer_dir, None, 16) + ["--log-level", "warning"]
     vr_exe = vllm_router_executable()
     result: dict[str, Any] = {
         "benchmark": "router-overhead",
         "setup": {
-            "upstream": "pdlab.standin --token-ms 0 (streams max_tokens SSE events at once)",
+            "upstream": "pdlab.benchmarks.standin --token-ms 0 (streams max_tokens SSE events at once)",
             "request": {"endpoint": "/v1/completions", "stream": True, "max_tokens": max_tokens,
                         "prompt_words": len(PROMPT.split())},
             "requests_per_point": requests, "warmup_per_point": warmup, "interleaved_rounds": rounds,

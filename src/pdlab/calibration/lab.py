@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from pdlab.calibration.validate import seed_mean
 from pdlab.config.lab import LabSpec
-from pdlab.config.sim import SimSpec
+from pdlab.config.sim import SimRequestSpec, SimSpec, SimWorkload
 from pdlab.experiment.lab import LabError, quick_workload
 from pdlab.experiment.runner import BASELINE
 from pdlab.router.strategies import block_hashes
@@ -24,8 +25,7 @@ from pdlab.settings import (
     VLLM_CPU_MAX_NUM_SEQS,
 )
 from pdlab.sim.scenario import build, prepare, summarize_requests
-from pdlab.sim.validate import seed_mean
-from pdlab.sim.workload import SimRequestSpec, SimWorkload, arrivals
+from pdlab.sim.workload import arrivals
 
 #: The profile a local lab is simulated with unless told otherwise: the one fitted through the simulator.
 DEFAULT_LAB_PROFILE = "pdlab-small-fitted"
