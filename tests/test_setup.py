@@ -28,7 +28,8 @@ def test_setup_refuses_a_disk_too_full_before_installing(tmp_path):
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
-    assert "make test" in readme and "make demo" in readme and "download.pytorch.org/whl/cpu" in readme
+    assert "make test" in readme and "make demo" in readme and "docs/labs.md#installing-elsewhere" in readme
+    assert "download.pytorch.org/whl/cpu" in (REPO / "docs" / "labs.md").read_text()
 
 
 def test_environment_yml_is_a_conda_environment():
