@@ -55,7 +55,7 @@ lab: model
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_phase_costs.py in its CPU mode: the script a GPU will run, run here as a real process on a small
-model, and the profile it writes simulated like any other."""
+"""`python -m pdlab.benchmarks.gpu_phases` in its CPU mode: what a GPU will run, run here as a real process on a
+small model, and the profile it writes simulated like any other."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from typer.testing import CliRunner
 from pdlab.cli import app
 from pdlab.settings import repo_root
 
-SCRIPT = repo_root() / "benchmarks" / "gpu_phase_costs.py"
-
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(repo_root() / "src"))
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pdlab.benchmarks.gpu_phases", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
 
 
 def test_cpu_mode_writes_a_profile_the_simulator_runs(tmp_path: Path) -> None:

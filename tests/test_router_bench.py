@@ -8,7 +8,7 @@ from pdlab.benchmarks.router import run_router_bench, vllm_router_executable
 
 
 def test_bench_writes_the_documented_shape(tmp_path):
-    result = run_router_bench(tmp_path, requests=20, warmup=2, rounds=2, base_port=18600, save=False)
+    result = run_router_bench(tmp_path, requests=20, warmup=2, rounds=2, base_port=18600)
     written = json.loads((tmp_path / "router-overhead.json").read_text())
     assert written == result
     targets = {"direct", "pdlab", "pdlab_direct_path"}

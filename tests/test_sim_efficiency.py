@@ -23,7 +23,7 @@ GRID_POINTS = [(n, 0, 0, 0) for n in (256, 1024, 4096, 16384)] + [(2048, 4096, 0
 
 
 def synthetic_profile(model: str, tp: int, compute: float, memory: float, layer_us: float) -> dict:
-    """What gpu_phase_costs.py would write if the GPU behaved exactly as the roofline says."""
+    """What pdlab.benchmarks.gpu_phases would write if the GPU behaved exactly as the roofline says."""
     catalog = load_catalog()
     hardware = catalog.hardware["H200-SXM-141GB"].model_copy(update={
         "compute_efficiency": compute, "memory_efficiency": memory, "step_overhead_ms": 0.0,

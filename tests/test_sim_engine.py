@@ -543,7 +543,7 @@ def test_a_tensor_parallel_instance_moves_its_kv_over_every_gpus_share_of_the_li
 
 
 def test_a_gpu_profile_of_a_shard_adds_the_exchange_and_keeps_the_gpus_memory(tmp_path) -> None:
-    """A profile `benchmarks/gpu_phase_costs.py --tensor-parallel 2` would write: its steps are one GPU's shard
+    """A profile `python -m pdlab.benchmarks.gpu_phases --tensor-parallel 2` would write: its steps are one GPU's shard
     of the forward pass; the simulated instance adds the shards' all-reduces over the accelerator's NVLink and the
     serving engine's work per step, and sizes its KV cache from the GPUs' memory, as the roofline does."""
     import json

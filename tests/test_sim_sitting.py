@@ -86,7 +86,7 @@ def test_fit_and_validation_name_the_recorded_runs(tmp_path: Path) -> None:
     assert all("-2" in p for p in _pairs(validation, "--pool")) and len(_pairs(validation, "--pool")) == 4
     assert all("-3" in p for p in _pairs(validation, "--repeat")) and len(_pairs(validation, "--repeat")) == 4
     assert _pairs(validation, "--profile") == [str(tmp_path / "profile.json")]
-    assert "--no-results-copy" in validation
+    assert "--record" not in validation  # a sitting's validation stays in its own directory
 
 
 def test_two_validation_runs_pool_without_a_repeat(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from pdlab.benchmarks import results
 from pdlab.benchmarks.admission import DEFAULT_GAPS_MS as ADMISSION_GAPS_MS
 from pdlab.benchmarks.backtoback import CONDITIONS as BACKTOBACK_CONDITIONS
 from pdlab.benchmarks.prefill import DEFAULT_LENGTHS as PREFILL_LENGTHS
@@ -18,7 +19,17 @@ from pdlab.benchmarks.transfer import CONDITIONS as TRANSFER_CONDITIONS
 from pdlab.deploy.cli import load_deployment
 
 console = Console()
-app = typer.Typer(help="Benchmarks (write JSON under data/results/).", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks (write JSON to --out or runs/bench/; --record files it under data/results/).",
+                  no_args_is_help=True)
+RECORD = typer.Option(False, "--record", help="Also file the result under data/results/ (a new file, never "
+                                              "overwriting one; the environment is in it).")
+
+
+def _written(path: str | Path, name: str, record: bool) -> None:
+    """Say where the result was written and, with --record, file it under data/results/<name>/."""
+    console.print(f"written: {path}")
+    if record:
+        console.print(f"recorded: {results.record(name, Path(path))}")
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -33,14 +44,15 @@ def _ints(text: str, option: str) -> list[int]:
 def bench_startup(
     lab: Path = typer.Argument(Path("labs/local-1p1d.yaml"), help="Lab spec whose deployment to time."),
     repeats: int = typer.Option(1, min=1, help="Start-ups to time."),
-    out: Path = typer.Option(None, help="Output JSON (default: data/results/startup-<deployment>.json)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/startup/)."),
+    record: bool = RECORD,
 ) -> None:
     """Time from `up` to healthy, and each instance's resident memory (RSS, whole process tree)."""
     from pdlab.benchmarks import startup
 
     result = startup.run(load_deployment(lab), repeats=repeats, out=out, console=console)
     console.print_json(json.dumps(result["summary"]))
-    console.print(f"written: {result['path']}")
+    _written(result["path"], "startup", record)
 
 
 @app.command("prefill")
@@ -50,7 +62,8 @@ def bench_prefill(
     url: str = typer.Option(None, help="Probe this running instance instead of starting the lab's deployment."),
     lengths: str = typer.Option(",".join(map(str, PREFILL_LENGTHS)), help="Prompt lengths in tokens, comma-separated."),
     repeats: int = typer.Option(3, min=1, help="Timed requests per length (the fastest is kept)."),
-    out: Path = typer.Option(None, help="Output JSON (default: data/results/prefill/<timestamp>.json)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/prefill/)."),
+    record: bool = RECORD,
 ) -> None:
     """Time one instance prefilling prompts of N tokens, one request at a time: the simulator's step-cost
     micro-benchmark on the real server (`pdlab sim calibrate --from-runs ... --prefill-probe FILE`)."""
@@ -73,7 +86,7 @@ def bench_prefill(
         raise typer.Exit(code=1) from None
     for point in result["points"]:
         console.print(f"{point['prompt_tokens']:>6} tokens: {point['ttft_s'] * 1e3:8.1f} ms")
-    console.print(f"written: {result['path']}")
+    _written(result["path"], "prefill", record)
 
 
 def _probe_instances(lab: Path, url: str | None, role: str | None, roles: tuple[str, ...],
@@ -109,7 +122,8 @@ def bench_admission(
                              help="Milliseconds between a pair's two sends, comma-separated, ascending."),
     repeats: int = typer.Option(6, min=1, help="Pairs per gap."),
     prompt_words: int = typer.Option(300, min=1, help="Words per prompt (one or two tokens each)."),
-    out: Path = typer.Option(None, help="Output JSON (default: data/results/admission/<timestamp>.json)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/admission/)."),
+    record: bool = RECORD,
 ) -> None:
     """Send pairs of prompts to an idle instance a few milliseconds apart and count how often they share its first
     step: the simulator's admission window per instance role (`pdlab sim calibrate --from-runs ...
@@ -129,7 +143,7 @@ def bench_admission(
         censored = " (at least: the widest gap still shared; probe wider gaps)" if instance["window_censored"] else ""
         console.print(f"{instance['name']} ({instance['role']}): shared the first step at {shared}; "
                       f"window {instance['window_ms']:.1f} ms{censored}")
-    console.print(f"written: {result['path']}")
+    _written(result["path"], "admission", record)
 
 
 @app.command("streams")
@@ -142,7 +156,8 @@ def bench_streams(
                                 help="Counts of background streams, comma-separated, ascending."),
     repeats: int = typer.Option(24, min=1, help="Short prompts timed per count."),
     prompt_words: int = typer.Option(48, min=1, help="Words per short prompt (one or two tokens each)."),
-    out: Path = typer.Option(None, help="Output JSON (default: data/results/streams/<timestamp>.json)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/streams/)."),
+    record: bool = RECORD,
 ) -> None:
     """Time short prompts while an instance streams 0, 1, 2, ... long answers: how a request's way in grows with
     the streams its API server serves, the simulator's per-stream request overhead (`pdlab sim calibrate
@@ -159,7 +174,7 @@ def bench_streams(
         medians = ", ".join(f"{p['streams']}: {p['median_ttft_s'] * 1e3:.1f}" for p in instance["points"])
         console.print(f"{instance['name']} ({instance['role']}): median TTFT ms by streams {medians}; "
                       f"{instance['slope_ms_per_stream']:.2f} ms per stream")
-    console.print(f"written: {result['path']}")
+    _written(result["path"], "streams", record)
 
 
 @app.command("backtoback")
@@ -176,7 +191,8 @@ def bench_backtoback(
                                    "(`alone` among them: every ratio is to it)."),
     profile: str = typer.Option("pdlab-small-fitted", help="Profile whose simulated ratios to print beside the "
                                 "measured ones ('none': skip)."),
-    out: Path = typer.Option(None, help="Output JSON (default: data/results/backtoback/<timestamp>.json)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/backtoback/)."),
+    record: bool = RECORD,
 ) -> None:
     """Time a queue of prompts on the prefill instance against the same prompts one at a time, with the decode
     instance idle, prefilling, decoding or reading each prompt's KV: whether back-to-back prefills cost more than
@@ -224,7 +240,7 @@ def bench_backtoback(
         if condition in simulated:
             line += f"; simulated {simulated[condition]:.3f} x alone"
         console.print(line, soft_wrap=True)
-    console.print(f"written: {result['path']}")
+    _written(result["path"], "backtoback", record)
 
 
 @app.command("transfer")
@@ -236,7 +252,8 @@ def bench_transfer(
     busy_tokens: int = typer.Option(6000, min=1, help="Length of the prompt that keeps an instance busy."),
     repeats: int = typer.Option(3, min=1, help="Trials per condition."),
     conditions: str = typer.Option(",".join(TRANSFER_CONDITIONS), help="Conditions to run, comma-separated."),
-    out: Path = typer.Option(None, help="Output JSON (default: data/results/transfer/<timestamp>.json)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/transfer/)."),
+    record: bool = RECORD,
 ) -> None:
     """Time one prompt's KV transfer beside idle and busy instances, and several reads posted together beside a
     busy sender (what the simulator's sender gating describes): the probe's time to first token and vLLM's own
@@ -292,7 +309,7 @@ def bench_transfer(
                           f"(median {figures['sender_gap_ms_median']:.0f}, CV {figures['sender_gap_cv']:.2f}, "
                           f"{figures['sender_gaps']} gaps) while it computed"
                           + (f"; first tokens came {after:.0f} ms after its last run" if after is not None else ""))
-    console.print(f"written: {result['path']}")
+    _written(result["path"], "transfer", record)
 
 
 @app.command("phases")
@@ -302,35 +319,91 @@ def bench_phases(
     batches: str = typer.Option("1,2,4,8,16,32", help="Decode batch sizes, comma-separated."),
     contexts: str = typer.Option("128,1024,4096", help="Decode context lengths, comma-separated."),
     repeats: int = typer.Option(5, min=1, help="Timed runs per point (the median is kept)."),
-    out_dir: Path = typer.Option(None, "--out-dir", help="Where to write the JSON (default: data/results/)."),
+    out_dir: Path = typer.Option(None, "--out-dir", help="Where to write the JSON (default: runs/bench/phases/)."),
+    record: bool = RECORD,
 ) -> None:
     """Prefill time vs prompt length, decode step time vs batch and context, and this CPU's single-thread roof."""
     import time
 
     from pdlab.benchmarks import phases
-    from pdlab.settings import data_dir
+    from pdlab.settings import runs_dir
 
     with console.status(f"measuring prefill and decode of {model} on one thread ..."):
-        record = phases.benchmark(model, _ints(lengths, "--lengths"), _ints(batches, "--batches"),
-                                  _ints(contexts, "--contexts"), repeats=repeats)
-    out = (out_dir or data_dir() / "results") / f"phases-{Path(model).name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        measured = phases.benchmark(model, _ints(lengths, "--lengths"), _ints(batches, "--batches"),
+                                    _ints(contexts, "--contexts"), repeats=repeats)
+    out = results.new_path(out_dir or runs_dir() / "bench" / "phases",
+                           f"phases-{Path(model).name}-{time.strftime('%Y%m%dT%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    console.print(f"wrote {out}")
+    out.write_text(json.dumps(measured, indent=2) + "\n")
+    _written(out, "phases", record)
+
+
+@app.command("sim-speed")
+def bench_sim_speed(
+    requests: int = typer.Option(10_000, min=1, help="Requests per simulated scenario."),
+    repeats: int = typer.Option(3, min=1, help="Simulations per scenario (the best is kept)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/sim-speed/)."),
+    record: bool = RECORD,
+) -> None:
+    """How fast the simulator is on one core: requests colocated and disaggregated, roofline and fitted costs
+    (the goal: under 2 s of CPU per 10,000 requests, so widgets can re-simulate on every slider move)."""
+    from pdlab.benchmarks import sim_speed
+
+    results.ensure_new(out)
+    with console.status("simulating ..."):
+        result = sim_speed.run(requests=requests, repeats=repeats)
+    for row in result["results"]:
+        console.print(f"{row['scenario']}: {row['requests']} requests, {row['scheduler_steps']} steps, best of "
+                      f"{repeats}: {row['best_cpu_s']:.3f} s CPU, {row['best_wall_s']:.3f} s wall")
+    _written(results.write("sim-speed", result, out), "sim-speed", record)
+
+
+@app.command("load-accuracy")
+def bench_load_accuracy(
+    rates: str = typer.Option("5,20,50", help="Arrival rates (requests/s), comma-separated."),
+    requests: int = typer.Option(60, min=1, help="Requests per rate."),
+    token_ms: float = typer.Option(10.0, min=0, help="The stand-in's gap between tokens, ms."),
+    output_tokens: int = typer.Option(32, min=1, help="Tokens per answer."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/load-accuracy/)."),
+    record: bool = RECORD,
+) -> None:
+    """How faithful the load generator is: open-loop load at a stand-in whose timing is known, and how late the
+    sends were and how far the measured TTFT and ITL exceed what the server did."""
+    from pdlab.benchmarks import load_accuracy
+
+    try:
+        wanted = [float(part) for part in rates.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{rates!r}: want comma-separated numbers", param_hint="--rates") from None
+    results.ensure_new(out)
+    with console.status(f"sending load at {rates} req/s ..."):
+        result = load_accuracy.run(wanted, requests=requests, token_ms=token_ms, output_tokens=output_tokens)
+    for row in result["results"]:
+        console.print(f"{row['rate']:g} req/s: {row['completed']}/{row['requests']} completed, late p99 "
+                      f"{row['late_ms']['p99']:.1f} ms, TTFT p50 {row['ttft_ms']['p50']:.1f} ms, ITL p50 "
+                      f"{row['itl_ms']['p50']:.1f} ms (server {token_ms:g})")
+    _written(results.write("load-accuracy", result, out), "load-accuracy", record)
 
 
 @app.command("router")
 def bench_router(
-    out: Path = typer.Option(Path("runs/bench-router"), "--out", help="Directory for the result JSON."),
+    out: Path = typer.Option(None, "--out", help="Directory for the result JSON and the servers' logs (default: a "
+                                                 "new directory under runs/bench/router/)."),
     requests: int = typer.Option(2000, help="Measured requests per target and concurrency."),
     rounds: int = typer.Option(5, min=1, help="Interleaved rounds the requests are split into."),
     warmup: int = typer.Option(100, help="Unmeasured requests first, per target and concurrency."),
     max_tokens: int = typer.Option(4, help="Tokens per streamed answer."),
     base_port: int = typer.Option(18500, help="First of the loopback ports the benchmark uses (7 in all)."),
-    save: bool = typer.Option(True, help="Also write a copy to data/results/router-overhead.json."),
+    record: bool = RECORD,
 ) -> None:
     """Router overhead: direct vs pdlab router vs vllm-router, side by side, against fast stand-in upstreams."""
     from pdlab.benchmarks.router import run_router_bench
+    from pdlab.settings import runs_dir
 
+    stderr = Console(stderr=True)
+    out = out or results.new_path(runs_dir() / "bench" / "router", results.stamp())
     run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
-                     save=save, rounds=rounds, console=Console(stderr=True))
+                     rounds=rounds, console=stderr)
+    if record:
+        recorded = results.record("router-overhead", out / "router-overhead.json", f"{results.stamp()}.json")
+        stderr.print(f"recorded: {recorded}")

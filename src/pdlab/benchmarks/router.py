@@ -31,7 +31,7 @@ from pdlab.config.router import RouterSpec
 from pdlab.deploy.process import ManagedProcess, serving
 from pdlab.environment import capture
 from pdlab.router.process import router_command
-from pdlab.settings import ADMIN_TOKEN_ENV, data_dir
+from pdlab.settings import ADMIN_TOKEN_ENV
 
 HOST = "127.0.0.1"
 MODEL = "pdlab-tiny"
@@ -113,9 +113,9 @@ def _set_threshold(router_url: str, token: str, threshold: int) -> None:
 
 
 def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tokens: int = 4, base_port: int = 18500,
-                     save: bool = True, rounds: int = 5, console: Console | None = None) -> dict[str, Any]:
-    """Start the stand-ins and routers, measure every target at each concurrency, write `out/router-overhead.json`
-    (and a copy under data/results/ when `save`). Returns the result."""
+                     rounds: int = 5, console: Console | None = None) -> dict[str, Any]:
+    """Start the stand-ins and routers, measure every target at each concurrency, write `out/router-overhead.json`.
+    Returns the result."""
     from pdlab.model import resolve
 
     console = console or Console(stderr=True)
@@ -218,10 +218,6 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
     result["environment"] = capture()
     text = json.dumps(result, indent=2) + "\n"
     (out / "router-overhead.json").write_text(text)
-    if save:
-        results = data_dir() / "results"
-        results.mkdir(parents=True, exist_ok=True)
-        (results / "router-overhead.json").write_text(text)
     console.print(json.dumps(result["summary"], indent=2))
     return result
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -248,7 +247,7 @@ def fit_cmd(table: Path = typer.Argument(..., help="CSV: prefill_tokens, prefill
 
 @app.command("efficiency")
 def efficiency_cmd(profiles: list[Path] = typer.Argument(..., help="GPU profiles of one GPU kind, from "
-                                                        "benchmarks/gpu_phase_costs.py (data/results/gpu/*.json)."),
+                                                        "pdlab.benchmarks.gpu_phases (data/results/gpu/*.json)."),
                    hardware: str = typer.Option(..., help="The catalog's entry for that GPU, e.g. H200-SXM-141GB."),
                    out: Path = typer.Option(None, help="JSON to write (default: data/results/gpu/efficiency-"
                                             "<hardware>-<timestamp>.json); never overwritten.")) -> None:
@@ -292,7 +291,8 @@ def efficiency_cmd(profiles: list[Path] = typer.Argument(..., help="GPU profiles
 def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run directories (see docs/simulator.md)."),
                  profile: Path = typer.Option(..., help="Fitted profile from separate calibration runs: a JSON "
                                               "path or a name shipped in data/catalog/profiles/."),
-                 out: Path = typer.Option(..., help="Directory for validation.json."),
+                 out: Path = typer.Option(None, help="Directory for validation.json (default: a new directory under "
+                                          "runs/sim-validation/)."),
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
                  threshold: int = typer.Option(None, help="Override the run's router threshold."),
                  budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
@@ -305,11 +305,13 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  seeds: int = typer.Option(VALIDATION_SEEDS, min=1, help="Simulations of each run (seeds 0, 1, "
                                            "...), each percentile averaged over them: the simulator's own "
                                            "percentiles rather than one random draw's."),
-                 results_copy: bool = typer.Option(
-                     True, help="Also record it as data/results/sim-validation/<timestamp>.json.")) -> None:
+                 record: bool = typer.Option(False, "--record", help="Also file it under data/results/sim-validation/ "
+                                             "(a new file, never overwriting one; the environment is in it).")
+                 ) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
+    from pdlab.benchmarks import results
     from pdlab.calibration.validate import RunDirError, infer_shape, read_run, validate_runs
-    from pdlab.settings import data_dir
+    from pdlab.settings import runs_dir
     from pdlab.sim.scenario import resolve_profile
 
     profile_name = profile
@@ -378,15 +380,13 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         + [f"--profile {profile_name}", f"--seeds {seeds}"])
     result["profile"] = str(profile_name)  # as given (a shipped name stays portable across checkouts)
     result["environment"] = capture()
+    out = out or results.new_path(runs_dir() / "sim-validation", results.stamp())
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2) + "\n"
-    (out / "validation.json").write_text(text)
-    if results_copy:
-        # Timestamped, so an earlier validation is never overwritten.
-        copy = data_dir() / "results" / "sim-validation" / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "validation.json", copy)
-        console.print(f"recorded: {copy}")
+    (out / "validation.json").write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"written: {out / 'validation.json'}")
+    if record:
+        recorded = results.record("sim-validation", out / "validation.json", f"{results.stamp()}.json")
+        console.print(f"recorded: {recorded}")
 
 
 @app.command("sitting")

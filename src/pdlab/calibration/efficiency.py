@@ -1,4 +1,4 @@
-"""The roofline's efficiency factors, fitted on GPU cost profiles (`benchmarks/gpu_phase_costs.py`): the fraction of
+"""The roofline's efficiency factors, fitted on GPU cost profiles (`pdlab.benchmarks.gpu_phases`): the fraction of
 a GPU's peak FLOP/s and memory bandwidth that Llama-shaped layers reach, and the fixed time per layer of a forward
 pass beyond both. The catalog's factors for a GPU that was measured come from this fit (data/catalog/hardware.yaml,
 `pdlab sim efficiency`)."""
@@ -121,7 +121,7 @@ def load_profiles(paths: list[Path]) -> list[dict[str, Any]]:
     for path in paths:
         profile = json.loads(Path(path).read_text())
         if profile.get("kind") != "fitted" or profile.get("gpu") in (None, "cpu") or not profile.get("points"):
-            raise ValueError(f"{path}: not a GPU profile from benchmarks/gpu_phase_costs.py (kind 'fitted', a GPU, "
+            raise ValueError(f"{path}: not a GPU profile from pdlab.benchmarks.gpu_phases (kind 'fitted', a GPU, "
                              "measured points)")
         profiles.append(profile)
     return profiles

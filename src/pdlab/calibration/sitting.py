@@ -152,7 +152,7 @@ def plan(out: Path, *, labs_dir: Path, calibration_runs: int = 2, validation_run
             repeat += [d for run_dir in last for d in scenario_dirs(run_dir)]
         return pdlab_command("sim", "validate", *first, *[arg for d in pooled for arg in ("--pool", d)],
                              *[arg for d in repeat for arg in ("--repeat", d)], "--profile", profile,
-                             "--out", validation, "--no-results-copy")
+                             "--out", validation)
 
     steps += [
         Step(FIT, fit_argv, profile,

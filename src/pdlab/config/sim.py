@@ -148,7 +148,7 @@ class SimSpec(Spec):
     model: str = "Llama-3.1-8B"
     """A model from data/catalog/models.yaml or pdlab's local catalog (pdlab-small, pdlab-tiny)."""
     profile: Path | None = None
-    """A fitted cost profile: a JSON path (`pdlab sim calibrate`, `benchmarks/gpu_phase_costs.py`) or a shipped
+    """A fitted cost profile: a JSON path (`pdlab sim calibrate`, `python -m pdlab.benchmarks.gpu_phases`) or a shipped
     name: the local tier's in data/catalog/profiles/ (`pdlab-small-vllm-cpu`), a measured GPU's in data/results/gpu/
     (`Llama-3.1-70B-NVIDIA-H200-tp2`); replaces the hardware roofline's step times."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)

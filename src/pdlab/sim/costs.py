@@ -181,7 +181,7 @@ class RooflineCost:
 
 @dataclass(frozen=True)
 class ForwardPassCost:
-    """A GPU profile's forward pass (`benchmarks/gpu_phase_costs.py`, one GPU's shard where tensor-parallel), plus
+    """A GPU profile's forward pass (`pdlab.benchmarks.gpu_phases`, one GPU's shard where tensor-parallel), plus
     what the profile cannot time: the serving engine's own work per step (`hardware.step_overhead_ms`, as the
     roofline adds it) and, for a shard, what the GPUs exchange."""
 

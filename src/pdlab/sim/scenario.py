@@ -57,7 +57,7 @@ def resolve_link(spec: SimSpec, catalog: Catalog) -> Link:
 
 def profile_dirs() -> tuple[Path, ...]:
     """Where shipped profiles are found by name: the local tier's in the catalog, the measured GPUs' beside their
-    raw results (`benchmarks/gpu_phase_costs.py`)."""
+    raw results (`pdlab.benchmarks.gpu_phases`)."""
     return catalog_dir() / "profiles", data_dir() / "results" / "gpu"
 
 
@@ -113,7 +113,7 @@ def prepare(spec: SimSpec, catalog: Catalog | None = None) -> Prepared:
             # A profile prices steps on the machine it timed; a GPU profile's instance still has `hardware`'s
             # memory and links. A GPU profile times the forward pass alone: the serving engine's own work per step
             # is `hardware.step_overhead_ms`, as in the roofline, and one of a tensor-parallel shard
-            # (`gpu_phase_costs.py --tensor-parallel N`) lacks what the shards exchange, which one GPU cannot time:
+            # (`gpu_phases --tensor-parallel N`) lacks what the shards exchange, which one GPU cannot time:
             # the roofline's exchange adds it.
             shard = int(profile.get("tensor_parallel", 1))
             if shard != tp:

@@ -2,16 +2,17 @@
 batch x context for Llama-shaped layers (random bf16 weights), and fit a simulator cost profile from them.
 
 Its CPU mode (`--device cpu --quick`, a few seconds with pdlab-small) runs the same code path in the test suite.
-The profiles it wrote on an H200 are under data/results/gpu/ (docs/simulator.md, "GPU cost profiles").
+The profiles it recorded on an H200 are under data/results/gpu/ (docs/simulator.md, "GPU cost profiles").
 
-    python benchmarks/gpu_phase_costs.py --model Llama-3.1-8B --layers 4 --repeats 10   # 6-12 s on an H200
-    python benchmarks/gpu_phase_costs.py --model Llama-3.1-70B --tensor-parallel 2 --layers 4 --repeats 10
-    python benchmarks/gpu_phase_costs.py --model pdlab-small --device cpu --quick --out /tmp/check.json
+    python -m pdlab.benchmarks.gpu_phases --model Llama-3.1-8B --layers 4 --repeats 10   # 6-12 s on an H200
+    python -m pdlab.benchmarks.gpu_phases --model Llama-3.1-70B --tensor-parallel 2 --layers 4 --repeats 10 --record
+    python -m pdlab.benchmarks.gpu_phases --model pdlab-small --device cpu --quick --out /tmp/check.json
 
-Besides torch it needs pdlab's light dependencies only: pydantic, pyyaml, numpy and psutil (`PYTHONPATH=src` from a
-checkout is enough). On a GPU box without internet, bring pydantic, pydantic-core, annotated-types,
-typing-inspection and typing-extensions as wheels (`pip download` elsewhere, for the box's Python version) and
-install them with `pip install --no-index`.
+It is a module run with `python -m` rather than a `pdlab bench` command because a GPU box needs, besides torch,
+pdlab's light dependencies only: pydantic, pyyaml, numpy and psutil (`PYTHONPATH=src` from a checkout is
+enough). On a GPU box without internet, bring pydantic, pydantic-core, annotated-types, typing-inspection and
+typing-extensions as wheels (`pip download` elsewhere, for the box's Python version) and install them with
+`pip install --no-index`.
 
 It builds `--layers` decoder layers of the catalog model's shape (divided by `--tensor-parallel`, as one GPU's
 shard would be), times them with CUDA events (the wall clock on a CPU), scales the per-layer time to the model's
@@ -19,7 +20,8 @@ depth and adds a measured LM-head matmul. A step of up to `GRAPH_MAX_TOKENS` tok
 grid, and short prefills) is replayed from a CUDA graph, as vLLM replays the steps of its capture sizes (its eager
 time, kernel launches included, is kept beside it as `eager`); longer steps run eager, where launch time is small
 next to the work. No all-reduce is measured (one GPU; the simulator adds the shards' exchange to a profile of a
-shard). The output, data/results/gpu/<model>-<gpu>-tp<N>.json, holds the raw points, a fitted profile in pdlab's
+shard). The output, runs/bench/gpu/<model>-<gpu>-tp<N>.json (`--out` elsewhere; `--record` files it under
+data/results/gpu/), holds the raw points, a fitted profile in pdlab's
 format (usable as `profile:` in a sim spec), the held-out mixed steps and the environment.
 """
 
@@ -40,7 +42,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from pdlab.benchmarks import results
 from pdlab.environment import capture
-from pdlab.settings import data_dir
+from pdlab.settings import runs_dir
 from pdlab.sim.catalog import ModelShape, load_catalog
 from pdlab.sim.costs import CalibrationPoint, FittedCost, coefficients_by_name, fit_profile
 
@@ -179,7 +181,10 @@ def main() -> None:
     parser.add_argument("--tensor-parallel", type=int, default=1)
     parser.add_argument("--layers", type=int, default=2, help="Layers actually built and timed.")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="Output JSON (default: runs/bench/gpu/<model>-<gpu>-tp<N>.json).")
+    parser.add_argument("--record", action="store_true",
+                        help="Also file the result under data/results/gpu/ (a new file, never overwriting one).")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: check the script itself (float32), with --quick and a small model.")
     parser.add_argument("--quick", action="store_true", help="A handful of small points instead of the full grid.")
@@ -187,7 +192,7 @@ def main() -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true", help="Time every step eagerly.")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu_phase_costs needs a CUDA GPU (torch.cuda.is_available() is False); "
+        raise SystemExit("pdlab.benchmarks.gpu_phases needs a CUDA GPU (torch.cuda.is_available() is False); "
                          "`--device cpu --quick` checks the script without one")
     catalog = load_catalog().models
     if args.model not in catalog:
@@ -196,7 +201,7 @@ def main() -> None:
         raise SystemExit("--tensor-parallel, --layers and --repeats must be at least 1")
     tp, dev = args.tensor_parallel, torch.device(args.device)
     gpu = torch.cuda.get_device_name().replace(" ", "-") if dev.type == "cuda" else "cpu"
-    out = args.out or data_dir() / "results" / "gpu" / f"{args.model}-{gpu}-tp{tp}.json"
+    out = args.out or results.new_path(runs_dir() / "bench" / "gpu", f"{args.model}-{gpu}-tp{tp}.json")
     try:
         results.ensure_new(out)  # before minutes of measuring, not after
     except FileExistsError as error:
@@ -323,7 +328,7 @@ def main() -> None:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     profile = fit_profile(points, model=args.model,
-                          source=f"benchmarks/gpu_phase_costs.py on {gpu}, tp shard {tp}, {args.layers} layers scaled")
+                          source=f"pdlab.benchmarks.gpu_phases on {gpu}, tp shard {tp}, {args.layers} layers scaled")
     profile.update(dtype_bytes=dtype.itemsize, gpu=gpu, tensor_parallel=tp, grid="quick" if args.quick else "full",
                    layers_timed=args.layers, warm_up_s=args.warm_up_s if dev.type == "cuda" else 0.0,
                    cuda_graphs=use_graphs, graph_max_tokens=GRAPH_MAX_TOKENS,
@@ -346,6 +351,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     print(f"wrote {out} in {profile['elapsed_s']:.0f} s; fit error mean {profile['fit_error_pct']['mean']:.1f}%")
+    if args.record:
+        print(f"recorded: {results.record('gpu', out)}")
 
 
 if __name__ == "__main__":
