@@ -42,8 +42,8 @@ REPEATS = course.choose(5, 3)  # timed runs per point (the fastest is kept: othe
 # %%
 import pandas as pd
 
-from pdlab import hardware
 from pdlab.benchmarks import phases
+from pdlab.model.catalog import load_catalog
 
 model = phases.load_model(MODEL)
 shape = phases.shape_of(model)
@@ -92,10 +92,10 @@ phases.decode_figure(decode)
 
 # %%
 cpu = phases.measure_cpu_peaks(matmul_size=course.choose(1024, 512), copy_mib=course.choose(512, 128))
-catalog = hardware.load_catalog()
+gpus = {name: load_catalog().hardware[name] for name in ("H100-SXM5-80GB", "H200-SXM-141GB")}
 print(f"this CPU, 1 thread: {cpu.flops_per_s / 1e9:.1f} GFLOP/s, {cpu.bytes_per_s / 1e9:.1f} GB/s, "
       f"ridge point {cpu.ridge_point:.1f} FLOP/byte")
-phases.roofline_figure(cpu, prefill, decode, devices=catalog.devices)
+phases.roofline_figure(cpu, prefill, decode, devices=gpus)
 
 # %% [markdown]
 # Prefill points sit far to the right (hundreds of FLOPs per byte for long prompts); decode points sit at the left
@@ -104,23 +104,23 @@ phases.roofline_figure(cpu, prefill, decode, devices=catalog.devices)
 #
 # ## 4. What changes on a GPU
 #
-# The GPU figures come from `data/hardware.yaml` (NVIDIA's datasheets; each entry cites its source). The same
-# model in bf16 halves the bytes per weight, so decode at batch 1 has an intensity of about 1 FLOP/byte.
+# The GPU figures come from `data/catalog/hardware.yaml` (NVIDIA's datasheets; each entry cites its source), the
+# catalog the simulator uses too. The same model in bf16 halves the bytes per weight, so decode at batch 1 has an
+# intensity of about 1 FLOP/byte.
 
 # %%
 bf16 = shape.with_dtype(2)
 rows = []
-for device in catalog.devices:
-    ridge = device.ridge_point("bf16")
+for name, gpu in gpus.items():
     rows.append({
-        "device": device.name,
-        "peak bf16 TFLOP/s": device.peak_flops["bf16"] / 1e12,
-        "HBM TB/s": device.mem_bandwidth / 1e12,
-        "ridge FLOP/byte": ridge,
+        "device": name,
+        "peak bf16 TFLOP/s": gpu.peak_bf16_tflops,
+        "HBM TB/s": gpu.hbm_gbps / 1e3,
+        "ridge FLOP/byte": gpu.ridge_point,
         "decode intensity, batch 1": bf16.decode_intensity(1, 1024),
         "decode intensity, batch 64": bf16.decode_intensity(64, 1024),
         "prefill intensity, 2048 tokens": bf16.prefill_intensity(2048),
-        "source": device.source.split(",")[0],
+        "source": gpu.source.split(":")[0],
     })
 pd.DataFrame(rows)
 
@@ -166,6 +166,6 @@ course.check(
 # 2. Find the batch size at which a decode step at context 128 costs twice a batch-1 step. Compare it with the batch
 #    at which `shape.decode_intensity(batch, 128)` reaches this CPU's ridge point.
 # 3. Increase `CONTEXTS` to 8192 with a batch of 16. What share of the decode step's bytes is now KV cache rather
-#    than weights (`shape.kv_bytes_per_token`, `shape.weight_bytes`)? What does that mean for long-context serving?
+#    than weights (`shape.kv_bytes_per_token()`, `shape.weight_bytes`)? What does that mean for long-context serving?
 # 4. Using `bf16.decode_intensity`, how large must a decode batch be to reach an H200's ridge point at context 1024?
-#    Is that batch realistic for the KV cache memory an H200 has (`device.memory_bytes`) with a 7B model?
+#    Is that batch realistic for the KV cache memory an H200 has (`gpu.memory_gib`) with a 7B model?

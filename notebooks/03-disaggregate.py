@@ -73,8 +73,8 @@ print(f"KV transfer: {moved.transfers:g} transfer(s), {moved.bytes / 1e6:,.2f} M
 from pdlab.model.shape import shape_of_dir
 
 shape = shape_of_dir(dep.model_dir)  # float32, as served here
-expected = shape.kv_bytes_per_token * answer.prompt_tokens
-print(f"{shape.kv_bytes_per_token:,} bytes per token x {answer.prompt_tokens} tokens = {expected / 1e6:,.2f} MB "
+expected = shape.kv_bytes_per_token() * answer.prompt_tokens
+print(f"{shape.kv_bytes_per_token():,} bytes per token x {answer.prompt_tokens} tokens = {expected / 1e6:,.2f} MB "
       f"(vLLM moves whole 128-token blocks)")
 
 # %% [markdown]

@@ -79,7 +79,7 @@ validation_figure(recorded)
 
 # %%
 from pdlab.course_widgets import sim_table, sim_variant
-from pdlab.sim.catalog import load_catalog
+from pdlab.model.catalog import load_catalog
 from pdlab.sim.scenario import simulate
 
 catalog = load_catalog()

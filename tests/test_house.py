@@ -22,7 +22,7 @@ BESIDE = {"sim": "router", "cluster": "router"}
 WINGS = ("benchmarks", "calibration", "course", "cli")
 #: Top-level modules, by room (a package is its own room).
 MODULE_ROOMS = {"pdlab": "config", "pdlab.settings": "config", "pdlab.environment": "config",
-                "pdlab.hardware": "model", "pdlab.sse": "router", "pdlab.pdrequest": "router",
+                "pdlab.sse": "router", "pdlab.pdrequest": "router",
                 "pdlab.course": "course", "pdlab.course_widgets": "course", "pdlab.cli": "cli"}
 
 

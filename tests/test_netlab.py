@@ -19,7 +19,7 @@ from pdlab.config import ConfigError, DeploymentSpec, LinkSpec, ModelRef, NodeSp
 from pdlab.netlab import NetLab, cleanup_stale, kv_bytes_per_token, leftovers, link_only_tls, shaped_rate
 from pdlab.netlab.iproute import ip, namespace_pids, unavailable_reason
 from pdlab.netlab.mover import transfer
-from pdlab.netlab.presets import REFERENCE_KV_BYTES_PER_TOKEN, VETH_CAP_MBPS
+from pdlab.netlab.presets import VETH_CAP_MBPS, reference_kv_bytes_per_token
 from tests.conftest import as_in_a_terminal
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -51,8 +51,9 @@ def test_kv_bytes_per_token_of_catalog_model():
 
 def test_kv_bytes_per_token_from_local_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
-        {"num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8, "hidden_size": 8192}))
-    assert kv_bytes_per_token(ModelRef(name=str(tmp_path), dtype="bfloat16")) == REFERENCE_KV_BYTES_PER_TOKEN
+        {"num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8, "hidden_size": 8192,
+         "intermediate_size": 28672, "vocab_size": 128256}))  # Llama-3.1-70B's
+    assert kv_bytes_per_token(ModelRef(name=str(tmp_path), dtype="bfloat16")) == reference_kv_bytes_per_token()
     with pytest.raises(ValueError, match="link.mbps"):
         kv_bytes_per_token(ModelRef(name=str(tmp_path / "absent")))
 
@@ -60,14 +61,14 @@ def test_kv_bytes_per_token_from_local_config(tmp_path):
 def test_presets_keep_their_ratios_until_the_veth_cap():
     small = ModelRef(name="pdlab-small", dtype="float32")
     rates = {p: shaped_rate(LinkSpec(preset=p), small) for p in ("1gbe", "10gbe", "100gbe", "efa-p5")}
-    scale = kv_bytes_per_token(small) / REFERENCE_KV_BYTES_PER_TOKEN
+    scale = kv_bytes_per_token(small) / reference_kv_bytes_per_token()
     assert rates["1gbe"].mbps == pytest.approx(1000 * scale)
     assert rates["10gbe"].mbps == pytest.approx(10 * rates["1gbe"].mbps)
     assert rates["100gbe"].mbps == pytest.approx(10 * rates["10gbe"].mbps)
     assert rates["efa-p5"].capped and rates["efa-p5"].mbps == VETH_CAP_MBPS
     assert not rates["100gbe"].capped
     # transfer time per token of context matches the real link for the reference model
-    real_s = REFERENCE_KV_BYTES_PER_TOKEN * 8 / 10e9
+    real_s = reference_kv_bytes_per_token() * 8 / 10e9
     assert kv_bytes_per_token(small) * 8 / (rates["10gbe"].mbps * 1e6) == pytest.approx(real_s)
     assert shaped_rate(LinkSpec(mbps=42), small).mbps == 42
 

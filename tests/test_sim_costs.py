@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimSpec
-from pdlab.sim.catalog import load_catalog
+from pdlab.model.catalog import load_catalog
 from pdlab.sim.costs import (
     CalibrationPoint,
     FittedCost,
@@ -36,7 +37,7 @@ def test_catalog_has_the_required_entries_each_with_a_source() -> None:
 def test_every_accelerator_names_the_link_its_tensor_parallel_gpus_share(tmp_path) -> None:
     import shutil
 
-    from pdlab.sim.catalog import catalog_dir
+    from pdlab.model.catalog import catalog_dir
 
     catalog = load_catalog()
     assert {hw.tensor_parallel_link for hw in catalog.hardware.values()} <= set(catalog.links)
@@ -47,6 +48,18 @@ def test_every_accelerator_names_the_link_its_tensor_parallel_gpus_share(tmp_pat
     (tmp_path / "hardware.yaml").write_text(hardware.replace("tensor_parallel_link: pcie4-x16",
                                                              "tensor_parallel_link: pcie9"))
     with pytest.raises(ConfigError, match=r"hardware\.L40S\.tensor_parallel_link.*pcie9"):
+        load_catalog(tmp_path)
+
+
+def test_a_catalog_shape_without_its_source_is_refused(tmp_path) -> None:
+    from pdlab.model.catalog import catalog_dir
+
+    for name in ("hardware", "models", "links"):
+        (tmp_path / f"{name}.yaml").write_text((catalog_dir() / f"{name}.yaml").read_text())
+    models = yaml.safe_load((tmp_path / "models.yaml").read_text())
+    del models["Llama-3.1-8B"]["source"]
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    with pytest.raises(ConfigError, match=r"models\.Llama-3\.1-8B\.source"):
         load_catalog(tmp_path)
 
 

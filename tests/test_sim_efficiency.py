@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from pdlab.calibration.efficiency import fit_efficiency, load_profiles
 from pdlab.cli import app
+from pdlab.model.catalog import load_catalog
 from pdlab.settings import data_dir, repo_root
-from pdlab.sim.catalog import load_catalog
 from pdlab.sim.costs import RooflineCost, chunk_attention
 
 GPU_RESULTS = data_dir() / "results" / "gpu"

@@ -7,7 +7,7 @@ import pytest
 from pdlab.config.base import ConfigError
 from pdlab.config.router import RouterSettings
 from pdlab.config.sim import SimSpec
-from pdlab.sim.catalog import load_catalog
+from pdlab.model.catalog import load_catalog
 from pdlab.sim.costs import FittedCost, RooflineCost, ServingOverheads, TransferCost, chunk_attention
 from pdlab.sim.engine import Instance, Link, Simulation
 from pdlab.sim.scenario import prepare, simulate

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from pdlab.cli import app
 from pdlab.config.base import ConfigError
 from pdlab.config.cluster import INSTANCE_TYPES
+from pdlab.model.catalog import load_catalog
 from pdlab.settings import repo_root
-from pdlab.sim.catalog import load_catalog
 from pdlab.sim.scenario import build, prepare, simulate
 from pdlab.sim.twin import load_sim_spec
 

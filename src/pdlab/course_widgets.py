@@ -24,8 +24,8 @@ from pdlab.config.workload import MixedWorkload
 from pdlab.deploy import Deployment
 from pdlab.experiment.lab import set_router
 from pdlab.metrics.summary import scenario_summary
+from pdlab.model.catalog import Catalog, load_catalog
 from pdlab.router.strategies import STRATEGIES
-from pdlab.sim.catalog import Catalog, load_catalog
 from pdlab.sim.scenario import simulate
 
 

@@ -42,8 +42,9 @@ from torch.nn.attention.bias import causal_lower_right
 
 from pdlab.benchmarks import results
 from pdlab.environment import capture
+from pdlab.model.catalog import load_catalog
+from pdlab.model.shape import ModelShape
 from pdlab.settings import runs_dir
-from pdlab.sim.catalog import ModelShape, load_catalog
 from pdlab.sim.costs import CalibrationPoint, FittedCost, coefficients_by_name, fit_profile
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from pdlab import model as local_models
-from pdlab.hardware import Device, Precision
+from pdlab.model.catalog import Hardware
 from pdlab.model.shape import DTYPE_BYTES, ModelShape
 
 if TYPE_CHECKING:
@@ -235,9 +235,10 @@ def _repeat_times(run: Any, repeats: int) -> list[float]:
 
 
 def roofline_figure(cpu: CpuPeaks, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample],
-                    devices: Sequence[Device] = (), precision: Precision = "bf16") -> go.Figure:
+                    devices: Mapping[str, Hardware] | None = None) -> go.Figure:
     """Log-log roofline: attainable FLOP/s = min(peak, intensity x bandwidth) for this CPU (measured) and each
-    device (published peaks), with the measured prefill and decode samples placed at their intensity."""
+    device, by name (the catalog's published bf16 peaks), with the measured prefill and decode samples placed at
+    their intensity."""
     intensities = [s.intensity for s in (*prefill, *decode)] or [1.0]
     x_min = min(0.1, min(intensities) / 2)
     x_max = max(1e4, max(intensities) * 2)
@@ -245,8 +246,8 @@ def roofline_figure(cpu: CpuPeaks, prefill: Sequence[PrefillSample], decode: Seq
     fig = go.Figure()
     roofs = [(f"this CPU, 1 thread (measured, fp32): ridge {cpu.ridge_point:.1f} FLOP/B", cpu.flops_per_s,
               cpu.bytes_per_s, "solid")]
-    roofs += [(f"{d.name} ({precision}, datasheet): ridge {d.ridge_point(precision):.0f} FLOP/B",
-               d.peak_flops[precision], d.mem_bandwidth, "dash") for d in devices]
+    roofs += [(f"{name} (bf16, datasheet): ridge {gpu.ridge_point:.0f} FLOP/B", gpu.peak_bf16_tflops * 1e12,
+               gpu.hbm_gbps * 1e9, "dash") for name, gpu in (devices or {}).items()]
     for label, peak, bandwidth, dash in roofs:
         fig.add_scatter(x=xs, y=[min(peak, x * bandwidth) for x in xs], mode="lines", name=label,
                         line={"dash": dash})
@@ -315,7 +316,8 @@ def benchmark(name: str, lengths: Sequence[int], batches: Sequence[int], context
     return {
         "benchmark": "phases",
         "model": name,
-        "shape": asdict(shape),
+        "shape": shape.model_dump(include={"hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                                           "intermediate_size", "vocab_size", "dtype_bytes"}),
         "threads": 1,
         "repeats": repeats,
         "prefill": records(prefill),

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlab.sim.catalog import Catalog, Hardware, load_catalog
+from pdlab.model.catalog import Catalog, Hardware, load_catalog
 from pdlab.sim.costs import CalibrationPoint, RooflineCost
 
 #: The efficiencies tried, in steps of 0.005: finer than the spread of repeated GPU runs (about 2%).

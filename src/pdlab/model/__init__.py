@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdlab.model.shape import ModelShape
 from pdlab.settings import data_dir, models_dir
 
 #: Chat template for the local models (they have none of their own): role-tagged turns, then the assistant tag.
@@ -41,6 +42,14 @@ class ModelRecipe:
     max_position_embeddings: int
     vocab_size: int
     seed: int = 0
+
+    @property
+    def shape(self) -> ModelShape:
+        """The model's shape (float32, as pdlab makes it)."""
+        return ModelShape(num_layers=self.num_layers, hidden_size=self.hidden_size, num_heads=self.num_heads,
+                          num_kv_heads=self.num_kv_heads, head_dim=self.hidden_size // self.num_heads,
+                          intermediate_size=self.intermediate_size, vocab_size=self.vocab_size, dtype_bytes=4,
+                          source=f"pdlab.model.CATALOG[{self.name!r}] (the recipe the local model is made from)")
 
 
 #: The catalog: the one place that says which local models exist.

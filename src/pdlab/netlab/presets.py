@@ -3,12 +3,11 @@ context on the shaped veth matches what the real link gives a real model (docs/n
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cache
 
 from pdlab.config import LinkPreset, LinkSpec, ModelRef
-from pdlab.model import CATALOG
+from pdlab.model.shape import DTYPE_BYTES, shape_of
 
 
 @dataclass(frozen=True)
@@ -31,37 +30,30 @@ REAL_LINKS: dict[str, RealLink] = {
     )
 }
 
-#: The model real links are sized for: Llama-3.1-70B (80 layers, 8 KV heads of 128 dims, bf16 KV cache).
-REFERENCE_MODEL = "Llama-3.1-70B (bf16)"
-REFERENCE_KV_BYTES_PER_TOKEN = 80 * 2 * 8 * 128 * 2
+#: The model real links are sized for: Llama-3.1-70B in bf16 (its shape from data/catalog/models.yaml).
+REFERENCE_MODEL = "Llama-3.1-70B"
+
+
+@cache
+def reference_kv_bytes_per_token() -> int:
+    """KV bytes one token of the reference model takes (bf16)."""
+    from pdlab.model.catalog import load_catalog
+
+    return load_catalog().models[REFERENCE_MODEL].kv_bytes_per_token(2)
+
 
 #: The most a veth pair carries on this machine kind (about 10.8 Gbit/s measured unshaped); scaled rates above
 #: it are capped, so the fastest presets no longer keep their ratio (docs/netlab.md says which).
 VETH_CAP_MBPS = 10_000.0
 
-_DTYPE_BYTES = {"float32": 4, "auto": 4, "bfloat16": 2, "float16": 2}
-
 
 def kv_bytes_per_token(model: ModelRef) -> int:
-    """KV cache bytes one token of context takes: layers x (K and V) x KV heads x head dim x dtype bytes.
-    Catalog models are read from their recipe; other models from a local directory's config.json."""
-    dtype_bytes = _DTYPE_BYTES[model.dtype]
-    if model.name in CATALOG:
-        recipe = CATALOG[model.name]
-        layers, kv_heads, head_dim = recipe.num_layers, recipe.num_kv_heads, recipe.hidden_size // recipe.num_heads
-    else:
-        config_path = Path(model.name) / "config.json"
-        if not config_path.is_file():
-            raise ValueError(
-                f"model {model.name!r}: cannot size its KV cache (not in the catalog, no local config.json); "
-                "set link.mbps instead of a preset"
-            )
-        config = json.loads(config_path.read_text())
-        heads = config["num_attention_heads"]
-        layers = config["num_hidden_layers"]
-        kv_heads = config.get("num_key_value_heads", heads)
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return layers * 2 * kv_heads * head_dim * dtype_bytes
+    """KV cache bytes one token of context takes in `model` (a catalog model, from its recipe; another, from its
+    directory's config.json), in the dtype it is served in."""
+    try:
+        return shape_of(model.name, DTYPE_BYTES[model.dtype]).kv_bytes_per_token()
+    except ValueError as error:
+        raise ValueError(f"{error}: cannot size its KV cache; set link.mbps instead of a preset") from None
 
 
 @dataclass(frozen=True)
@@ -83,7 +75,7 @@ def scaled_mbps(preset: LinkPreset, kv_bytes: int) -> ShapedRate:
     """A real link's bandwidth times (local KV bytes per token / reference KV bytes per token), capped at what a
     veth carries: the time to move one token's KV then equals the real link's for the reference model."""
     real = REAL_LINKS[preset]
-    scale = kv_bytes / REFERENCE_KV_BYTES_PER_TOKEN
+    scale = kv_bytes / reference_kv_bytes_per_token()
     mbps = real.gbps * 1000.0 * scale
     return ShapedRate(min(mbps, VETH_CAP_MBPS), preset, real.gbps, scale, capped=mbps > VETH_CAP_MBPS)
 

@@ -35,7 +35,8 @@ from typing import Protocol
 
 import numpy as np
 
-from pdlab.sim.catalog import Hardware, Link, ModelShape
+from pdlab.model.catalog import Hardware, Link
+from pdlab.model.shape import ModelShape
 
 FEATURES = ("constant", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context", "fresh_attention",
             "chunk_square")

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimEngine, SimSpec
+from pdlab.model.catalog import Catalog, Hardware, Link, catalog_dir, load_catalog
+from pdlab.model.shape import ModelShape
 from pdlab.settings import data_dir
-from pdlab.sim.catalog import Catalog, Hardware, Link, ModelShape, catalog_dir, load_catalog
 from pdlab.sim.costs import (
     ForwardPassCost,
     RooflineCost,

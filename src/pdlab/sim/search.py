@@ -4,7 +4,7 @@ serves a load best under the SLOs."""
 from __future__ import annotations
 
 from pdlab.config.sim import SimSpec
-from pdlab.sim.catalog import Catalog, load_catalog
+from pdlab.model.catalog import Catalog, load_catalog
 from pdlab.sim.scenario import prepare, simulate
 from pdlab.sim.workload import arrivals
 

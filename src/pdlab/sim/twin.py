@@ -16,7 +16,7 @@ from pdlab.config.base import ConfigError, load_yaml, read_yaml, validate
 from pdlab.config.cluster import INSTANCE_TYPES, PoolSpec
 from pdlab.config.lab import LabSpec
 from pdlab.config.sim import LinkChoice, SimSpec, router_settings
-from pdlab.sim.catalog import Catalog, load_catalog
+from pdlab.model.catalog import Catalog, load_catalog
 
 NO_EFA_LINK = "tcp-100gbe"
 """What KV transfers cross when a pool has no EFA interfaces: the node's ENA network, over TCP."""

@@ -1,18 +1,19 @@
-"""The simulator's catalog: accelerators, model shapes and KV-transfer links, each figure with its source.
+"""The catalog: accelerators, model shapes and KV-transfer links, each figure with its source. The simulator prices
+steps and transfers with it; notebook 01 draws its GPUs' roofs.
 
 The figures live in `data/catalog/*.yaml` (one place for each fact); this module only types and loads them.
-The local pdlab-* models take their shapes from pdlab.model.CATALOG.
+The local pdlab-* models take their shapes from their recipes (pdlab.model.CATALOG).
 """
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 
 import yaml
 from pydantic import Field
 
 from pdlab.config.base import ConfigError, Spec, validate
+from pdlab.model.shape import ModelShape
 from pdlab.settings import data_dir
 
 
@@ -47,35 +48,11 @@ class Hardware(Sourced):
     gpus_per_node: int = Field(gt=0)
     """The most GPUs on that link: the largest tensor-parallel instance."""
 
-
-class ModelShape(Sourced):
-    """A decoder-only transformer's shape: enough to count FLOPs and bytes."""
-
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    tie_word_embeddings: bool = False
-    hub_ids: list[str] = []
-    """Hugging Face ids of checkpoints with this shape (base and instruct): how a cluster lab's model is found."""
-
-    @cached_property
-    def layer_params(self) -> int:
-        """Weights of one layer: q, k, v, o projections and the gated MLP (norms are negligible)."""
-        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        return attn + 3 * self.hidden_size * self.intermediate_size
-
-    @cached_property
-    def params(self) -> int:
-        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * self.layer_params + embeddings
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V for every layer."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    @property
+    def ridge_point(self) -> float:
+        """Arithmetic intensity (FLOP/byte) above which a bf16 kernel is compute-bound rather than memory-bound, at
+        the published peaks."""
+        return self.peak_bf16_tflops * 1e12 / (self.hbm_gbps * 1e9)
 
 
 class Link(Sourced):
@@ -119,19 +96,6 @@ class Catalog(Spec):
         return table[name]
 
 
-def local_model_shape(name: str) -> ModelShape:
-    """A pdlab catalog model's shape, from its recipe."""
-    from pdlab.model import CATALOG
-
-    recipe = CATALOG[name]
-    return ModelShape(
-        num_layers=recipe.num_layers, hidden_size=recipe.hidden_size, num_heads=recipe.num_heads,
-        num_kv_heads=recipe.num_kv_heads, head_dim=recipe.hidden_size // recipe.num_heads,
-        intermediate_size=recipe.intermediate_size, vocab_size=recipe.vocab_size,
-        source=f"pdlab.model.CATALOG[{name!r}] (the recipe the local model is made from)",
-    )
-
-
 def catalog_dir() -> Path:
     return data_dir() / "catalog"
 
@@ -153,6 +117,10 @@ def load_catalog(directory: Path | None = None) -> Catalog:
                for name, hw in catalog.hardware.items() if hw.tensor_parallel_link not in catalog.links]
     if unknown:
         raise ConfigError(str(directory), unknown)
-    for name in LOCAL_MODELS:
-        catalog.models.setdefault(name, local_model_shape(name))
+    unsourced = [(f"models.{name}.source", "every shape says where its figures come from")
+                 for name, shape in catalog.models.items() if not shape.source]
+    if unsourced:
+        raise ConfigError(str(directory), unsourced)
+    for name, recipe in LOCAL_MODELS.items():
+        catalog.models.setdefault(name, recipe.shape)
     return catalog
