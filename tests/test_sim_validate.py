@@ -140,7 +140,7 @@ def test_pooled_runs_are_measured_and_simulated_together(tmp_path: Path) -> None
         validate_runs([first], profile, model="pdlab-small", pooled=[second], repeats=[second])
     out = tmp_path / "validation"
     cli = CliRunner().invoke(app, ["sim", "validate", str(first), "--pool", str(second), "--profile", str(profile),
-                                   "--out", str(out), "--no-results-copy"])
+                                   "--out", str(out)])
     assert cli.exit_code == 0, cli.output
     saved = json.loads((out / "validation.json").read_text())
     assert f"--pool {second}" in saved["command"] and saved["runs"][0]["pooled"] == [str(second)]
@@ -182,7 +182,7 @@ def test_cli_validate_prints_and_writes_json(tmp_path: Path) -> None:
             make_run(tmp_path / "hol-1p1d", profile, {"prefill": 1, "decode": 1})]
     out = tmp_path / "validation"
     result = CliRunner().invoke(app, ["sim", "validate", *map(str, runs), "--profile", str(profile),
-                                      "--out", str(out), "--no-results-copy"])
+                                      "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "max error" in result.output
     saved = json.loads((out / "validation.json").read_text())
@@ -454,7 +454,7 @@ def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(t
     with pytest.raises(RunDirError, match="cached prompt prefixes.*pdlab sim lab"):
         replay_of(run, profile, model="pdlab-small")
     cli = CliRunner().invoke(app, ["sim", "validate", str(run), "--profile", str(profile), "--out",
-                                   str(tmp_path / "out"), "--no-results-copy"])
+                                   str(tmp_path / "out")])
     assert cli.exit_code == 2 and "pdlab sim lab" in " ".join(cli.output.split()), cli.output
 
 
