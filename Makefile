@@ -60,7 +60,7 @@ lint: setup
 clean-venv:
 	rm -rf $(VENV)
 
-# --- cluster tier: LMCache's own config loader, to validate rendered LMCache configs (tests/test_cluster_validate.py).
+# --- cluster tier: LMCache's own config loader, to validate rendered LMCache configs (tests/cluster/test_cluster_validate.py).
 # A separate venv: lmcache's declared dependencies include a CUDA torch. Its config module needs only pyyaml and
 # requests, so it is installed --no-deps beside those two and never touches the main venv's CPU torch.
 $(LMCACHE_VENV)/.installed:
@@ -71,7 +71,7 @@ $(LMCACHE_VENV)/.installed:
 
 lmcache-venv: $(LMCACHE_VENV)/.installed
 
-# --- course: the browser test (tests/test_browser.py) drives Debian's chromium through Playwright's Python package.
+# --- course: the browser test (tests/course/test_browser.py) drives Debian's chromium through Playwright's Python package.
 # The browser comes from apt (make test runs as root in CI); Playwright never downloads one of its own.
 browser-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \

@@ -112,7 +112,7 @@ SHARED_DEPLOYMENT_FIXTURES = {"live_1p1d", "notebook_1p1d"}
 
 
 def uses_shared_deployment(item: pytest.Item) -> bool:
-    from tests.test_notebooks import ATTACHED
+    from tests.course.test_notebooks import ATTACHED
 
     fixtures = set(getattr(item, "fixturenames", ()))
     attaches = getattr(item, "originalname", "") == "test_notebook_runs_top_to_bottom" and any(

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python tests/cluster/regen_golden.py
 
-Review the diff before committing: the golden files are what tests/test_cluster.py compares renders against.
+Review the diff before committing: the golden files are what tests/cluster/test_cluster.py compares renders against.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pdlab.calibration.validate import RunDirError
 from pdlab.cli import app
 from pdlab.settings import data_dir
 from pdlab.sim.costs import FittedCost
-from tests.test_sim_validate import TRUTH, make_run, write_profile
+from tests.calibration.test_sim_validate import TRUTH, make_run, write_profile
 
 
 def test_tokens_close_together_are_one_step_with_the_batch_and_context_they_decoded() -> None:

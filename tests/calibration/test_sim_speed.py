@@ -151,7 +151,7 @@ def test_a_probe_from_another_cpu_or_with_a_wide_spread_is_flagged(tmp_path: Pat
     assert spread.exit_code == 0 and "% off" in _flat(spread.output) and "pdlab sim sitting" in _flat(spread.output)
 
 
-RECORDED = Path(__file__).resolve().parents[1] / "data" / "results" / "sim-rescale" / "20261204-avx2-host"
+RECORDED = Path(__file__).resolve().parents[2] / "data" / "results" / "sim-rescale" / "20261204-avx2-host"
 
 
 @pytest.mark.parametrize("name", ["shipped", "rescaled-start", "rescaled-end"])

@@ -20,7 +20,6 @@ import pytest
 
 from pdlab.config.router import LMCacheReceiverPorts, RouterSpec
 from pdlab.deploy.process import ManagedProcess
-from pdlab.model import resolve
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV, DECODE_REPLICA_HEADER, PATH_HEADER, PREFILL_REPLICA_HEADER
 from tests.router_processes import MODEL, metric, running, url
@@ -79,10 +78,6 @@ def long_prompt(i: int) -> str:
     # Distinct per request: a receiver matches pushed KV by prompt, as LMCache matches by token hashes.
     return f"request {i}: " + "the river ran slowly past the old mill " * 8
 
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return resolve(MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ PORT_RANGE = range(20800, 20900)
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage"]
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04-router.py"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04-router.py"
 UI_TIMEOUT_MS = 90_000
 #: Running 04 top to bottom: two short loads, plus one more after the slider moves.
 RUN_TIMEOUT_MS = 300_000

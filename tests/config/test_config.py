@@ -9,7 +9,7 @@ import pytest
 from pdlab.config import ConfigError, DeploymentSpec, LabSpec, LMCacheReceiverPorts, load_lab, validate
 from pdlab.config.cluster import LMCacheSpec
 
-LABS = Path(__file__).resolve().parents[1] / "labs"
+LABS = Path(__file__).resolve().parents[2] / "labs"
 
 
 def one_p_one_d(**overrides):

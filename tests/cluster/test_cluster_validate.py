@@ -23,7 +23,7 @@ from pdlab.cluster import crd
 from pdlab.cluster.plan import load_plan
 from pdlab.cluster.render import render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_LABS = sorted((ROOT / "labs").glob("hyperpod-*.yaml"))
 LAB_IDS = [lab.stem for lab in CLUSTER_LABS]
 LMCACHE_PYTHON = Path(os.environ.get("PDLAB_LMCACHE_PYTHON", ROOT / ".venv-lmcache" / "bin" / "python"))

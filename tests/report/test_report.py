@@ -1,4 +1,4 @@
-"""pdlab.report's figures on a hand-built timeline (the same one as tests/test_metrics.py)."""
+"""pdlab.report's figures on a hand-built timeline (the same one as tests/metrics/test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pdlab.report import (
     validation_figure,
     validation_summary,
 )
-from tests.test_metrics import timeline
+from tests.metrics.test_metrics import timeline
 
 
 def test_timeline_marks_ttft_tokens_stalls_failures_and_long_prefills():

@@ -22,7 +22,7 @@ from pdlab.netlab.mover import transfer
 from pdlab.netlab.presets import VETH_CAP_MBPS, reference_kv_bytes_per_token
 from tests.conftest import as_in_a_terminal
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 NODES = [NodeSpec(name="prefill"), NodeSpec(name="decode")]
 #: A measured transfer must get this share of the shaped rate: TCP start-up and headers cost a few percent
 #: (100 Mbit/s measured 95.9), and tbf's burst lets at most a little more through.
@@ -289,7 +289,7 @@ def test_check_interrupted_mid_transfer_tears_down(sig):
 def test_two_nodes_link_lab_validates_and_orders_its_links():
     from pdlab.config import load_lab
 
-    lab = load_lab(Path(__file__).resolve().parents[1] / "labs" / "two-nodes-link.yaml")
+    lab = load_lab(Path(__file__).resolve().parents[2] / "labs" / "two-nodes-link.yaml")
     linked = {name: spec for name, spec in lab.scenarios.items() if spec.nodes}
     assert len(linked) == 4
     rates = [shaped_rate(spec.link, spec.model).mbps for spec in linked.values()]

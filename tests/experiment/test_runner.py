@@ -161,7 +161,7 @@ def test_pdlab_run_sends_a_labs_workload_to_a_running_endpoint(tmp_path):
 
     from pdlab.cli import app
 
-    hol = yaml.safe_load((Path(__file__).parents[1] / "labs" / "hol-blocking.yaml").read_text())
+    hol = yaml.safe_load((Path(__file__).parents[2] / "labs" / "hol-blocking.yaml").read_text())
     lab = tmp_path / "lab.yaml"  # the hol-blocking lab's scenarios (not deployed here), a small workload
     lab.write_text(json.dumps({"name": "elsewhere", "scenarios": hol["scenarios"],
                                "workload": {**WORKLOAD, "num_requests": 4}}))

@@ -439,7 +439,7 @@ def test_a_prefill_probe_needs_runs_to_fit_with(tmp_path: Path) -> None:
 def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(tmp_path: Path) -> None:
     """The run's replica strategies reach the replay; a prefix-caching run without the prompts it sent (rows of
     another tool, no schedule.jsonl) cannot be hashed, so it is refused with where to turn instead (one with them:
-    tests/test_sim_lab.py)."""
+    tests/calibration/test_sim_lab.py)."""
     from pdlab.calibration.validate import replay_of
 
     profile = write_profile(tmp_path / "profile.json", TRUTH)

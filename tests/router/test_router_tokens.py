@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from pdlab.model import resolve
 from pdlab.router.tokens import PromptError, PromptTokenizer
 
 PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog.", "  spaces\tand\nnewlines  ", "ünïcödé ✓ 数字",
@@ -17,10 +16,6 @@ CONVERSATIONS = [
     [{"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}]}],
 ]
 
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return resolve("pdlab-tiny")
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,8 @@ import sys
 import time
 
 import httpx
-import pytest
 
 from pdlab.config.router import RouterSpec
-from pdlab.model import resolve
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV, DECODE_REPLICA_HEADER
 from tests.router_processes import MODEL, metric, router, standin, url
@@ -17,10 +15,6 @@ from tests.router_processes import MODEL, metric, router, standin, url
 TOKEN = "pools-token"
 BODY = {"model": MODEL, "prompt": "short", "max_tokens": 2}
 
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return resolve(MODEL)
 
 
 def test_strategies_choose_decode_replicas_live(tmp_path, model_dir):

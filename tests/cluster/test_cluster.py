@@ -19,7 +19,7 @@ from pdlab.cluster.render import TARGETS, render
 from pdlab.config import ConfigError, LabSpec, validate
 from pdlab.config.router import Strategy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "cluster"
 CLUSTER_LABS = sorted((ROOT / "labs").glob("hyperpod-*.yaml"))
 LAB_IDS = [lab.stem for lab in CLUSTER_LABS]
@@ -310,9 +310,6 @@ def test_router_argv_parses_with_the_router_cli(target: str):
 
     from pdlab.router.cli import app as router_app
 
-    names = [c.name or c.callback.__name__ for c in router_app.registered_commands if c.callback]
-    if "serve" not in names:
-        pytest.skip("this checkout's pdlab.router has no `serve` command yet")
     serve = typer.main.get_command(router_app).commands["serve"]
     files = render(plan_of(raw(BASE_LAB)), target)
     if target == "k8s":

@@ -8,9 +8,7 @@ import json
 import time
 
 import httpx
-import pytest
 
-from pdlab.model import resolve
 from pdlab.settings import ADMIN_TOKEN_ENV, PATH_HEADER
 from tests.router_processes import MODEL, metric, router, standin, url
 
@@ -19,10 +17,6 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 NOTHING_LISTENS = 18198  # in this suite's port range, never started
 BODY = {"model": MODEL, "prompt": "a long enough prompt", "max_tokens": 3}
 
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return resolve(MODEL)
 
 
 def test_prefill_down_falls_back_to_direct_decode_or_fails_by_policy(tmp_path, model_dir):

@@ -8,7 +8,6 @@ import json
 import httpx
 import pytest
 
-from pdlab.model import resolve
 from pdlab.router.tokens import PromptTokenizer
 from pdlab.settings import (
     ADMIN_TOKEN_ENV,
@@ -25,10 +24,6 @@ TOKEN = "test-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 PROMPT = "Disaggregated serving splits prefill from decode so long prompts do not stall short ones."
 
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return resolve(MODEL)
 
 
 @pytest.fixture(scope="module")

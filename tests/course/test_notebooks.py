@@ -20,7 +20,7 @@ from nbclient.exceptions import CellExecutionError
 import pdlab
 from pdlab.course import ATTACH_ENV, QUICK_ENV
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
 
 #: Per-notebook time limit for one cell, seconds (quick mode keeps each notebook well under a minute).
