@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pdlab-installed
 MODELS ?= pdlab-small pdlab-tiny
 PYTEST_ARGS ?=
+# Flags for `make demo`, e.g. DEMO_ARGS='--quick' for a first look (20-second loads).
+DEMO_ARGS ?=
 LMCACHE_VENV ?= .venv-lmcache
 LMCACHE_VERSION := 0.5.6
 
@@ -46,7 +48,7 @@ test: model browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: model
-	$(BIN)/pdlab demo
+	$(BIN)/pdlab demo $(DEMO_ARGS)
 
 # The notebooks' sources are jupytext .py files; their .ipynb (git-ignored) are made or refreshed from them here,
 # and kept paired while you work (saving in JupyterLab writes both). Loopback only; the URL with its token is printed.

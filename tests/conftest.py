@@ -83,7 +83,7 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         assert scrape_kv_transfer(dep.urls("decode")[0]).transfers >= 1, "pdlab up moved no KV while warming up"
         yield dep
     finally:
-        down = run_pdlab("down", "pytest-1p1d")
+        down = run_pdlab("down")  # as the README says: this session's own state directory holds only it
         leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
                      if "--port 815" in " ".join(p.cmdline())]
         assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"

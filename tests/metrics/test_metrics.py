@@ -147,3 +147,17 @@ def test_sweep_table_lines_per_scenario_and_rate():
     assert table["short_itl_max_ms"].tolist() == pytest.approx([1000.0, 1000.0])
     assert table["long_ttft_p99_ms"].tolist() == pytest.approx([1000.0, 1000.0])
     assert table["stalls"].tolist() == [1, 1]
+
+
+def test_each_request_has_its_worst_gap_and_a_class_counts_requests_that_stalled():
+    per = request_metrics(timeline()).set_index("request_id")
+    assert per.loc["A", "max_gap_s"] == pytest.approx(1.0)
+    assert per.loc["C", "max_gap_s"] == pytest.approx(0.2)
+    assert math.isnan(per.loc["E", "max_gap_s"])  # one token, no gap
+    short = scenario_summary(timeline())["short"]
+    # completed shorts A and C: worst gaps 1.0 and 0.2 s -> p50 600 ms (linear), max 1000 ms
+    assert short["worst_gap_ms"]["p50"] == pytest.approx(600)
+    assert short["worst_gap_ms"]["max"] == pytest.approx(1000)
+    # A stalled once, C never: one of the two requests that had a gap to stall in
+    assert short["stalled"] == {"requests": 1, "of": 2, "share": 0.5}
+    assert scenario_summary(timeline())["probe"]["stalled"] == {"requests": 0, "of": 0, "share": None}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from pdlab.calibration.validate import seed_mean
 from pdlab.config.lab import LabSpec
 from pdlab.config.sim import SimRequestSpec, SimSpec, SimWorkload
+from pdlab.config.workload import MixedWorkload
 from pdlab.experiment.lab import LabError, quick_workload
 from pdlab.experiment.runner import BASELINE
 from pdlab.router.strategies import block_hashes
@@ -24,7 +26,8 @@ from pdlab.settings import (
     VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
     VLLM_CPU_MAX_NUM_SEQS,
 )
-from pdlab.sim.scenario import build, prepare, summarize_requests
+from pdlab.sim.costs import ServingOverheads, chunk_attention, load_profile
+from pdlab.sim.scenario import build, prepare, resolve_profile, summarize_requests
 from pdlab.sim.workload import arrivals
 
 #: The profile a local lab is simulated with unless told otherwise: the one fitted through the simulator.
@@ -42,16 +45,19 @@ class LabPoint:
     spec: SimSpec
 
 
-def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_s: float | None = None
-                 ) -> list[SimRequestSpec]:
+def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_s: float | None = None,
+                 profile: str = DEFAULT_LAB_PROFILE) -> list[SimRequestSpec]:
     """The requests `pdlab run` would send (the same schedule: `pdlab.load.schedule`, prompts sized with the model's
-    tokenizer), as the simulator's workload."""
+    tokenizer), as the simulator's workload. A `prefill_load` workload is sized as `pdlab run` sizes it, with the
+    lone long prefill priced by `profile` instead of measured."""
     from pdlab.load.prompts import PromptBuilder, as_sent
     from pdlab.load.schedule import build_schedule
 
     workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
     if workload is None:
         raise LabError(f"lab {lab.name!r} has no `workload` to simulate")
+    if isinstance(workload, MixedWorkload) and workload.needs_sizing:
+        workload = workload.sized(lone_prefill_s(profile, workload.long_tokens))
     builder = PromptBuilder(model_dir)
     schedule = build_schedule(workload, builder)
     caching = any(inst.engine.enable_prefix_caching for spec in lab.scenarios.values() for inst in spec.instances)
@@ -64,6 +70,13 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
         requests.append(SimRequestSpec(at_s=item.offset_s, prompt_tokens=item.prompt_tokens,
                                        output_tokens=item.max_tokens, cls=item.cls, prefix_hashes=list(hashes)))
     return requests
+
+
+def lone_prefill_s(profile: str, tokens: int) -> float:
+    """The profile's price of one lone prefill of `tokens` (as one step: the local tier's budget is 2,048)."""
+    cost, data = load_profile(resolve_profile(Path(profile)))
+    overheads = ServingOverheads.from_json(data.get("overheads"))
+    return cost.step_time(tokens, chunk_attention(tokens, 0), 0, 0) + overheads.request_s
 
 
 def _block_size(lab: LabSpec) -> int:
@@ -110,7 +123,7 @@ def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PRO
     p99 TTFT and ITL, each averaged over `seeds` simulations (as `pdlab sim validate` does: step jitter and a busy
     sender's wake-ups are random)."""
     _needs_scenarios(lab)
-    requests = lab_requests(lab, model_dir=model_dir, quick=quick, duration_s=duration_s)
+    requests = lab_requests(lab, model_dir=model_dir, quick=quick, duration_s=duration_s, profile=profile)
     out = {}
     for point in lab_points(lab, requests, profile=profile, only=only):
         progress(f"simulating {point.name}")

@@ -57,12 +57,22 @@ class _WorkloadBase(Spec):
 
 
 class MixedWorkload(_WorkloadBase):
-    """Bimodal load: short prompts (chat turns) and long prompts (documents) arriving at a total rate."""
+    """Bimodal load: short prompts (chat turns) and long prompts (documents) arriving at a total rate, given as
+    requests per second (`rate`) or as how busy the long prompts keep one prefill core on this machine
+    (`prefill_load`)."""
 
     kind: Literal["mixed"] = "mixed"
     """Workload kind."""
     rate: float = Field(default=1.0, gt=0)
-    """Total arrival rate of the main load, requests per second."""
+    """Total arrival rate of the main load, requests per second. Set by pdlab when `prefill_load` is given."""
+    prefill_load: float | None = Field(default=None, gt=0, lt=1)
+    """Instead of `rate`: the share of one core's time that prefilling the long prompts takes on this machine (0.55:
+    busy 55% of the time). Machines prefill at very different speeds (1.2 to 7 s for 3,000 tokens on the 2-core
+    machines recorded in data/results/prefill/), so a fixed rate that keeps one machine's prefill core comfortably
+    busy saturates a slower one's. Before the first scenario, pdlab times lone prefills of `long_tokens` on the machine (`prefill_s`) and
+    sets `rate = prefill_load / (long_fraction * prefill_s)`; the run's workload.json records both."""
+    prefill_s: float | None = Field(default=None, gt=0)
+    """Set by pdlab when it sizes a `prefill_load` workload: the measured seconds of one lone long prefill."""
     arrival: Arrival = "poisson"
     """`poisson`: exponential gaps (open-loop Poisson); `uniform`: evenly spaced arrivals."""
     short_tokens: int = Field(default=64, ge=2)
@@ -75,6 +85,30 @@ class MixedWorkload(_WorkloadBase):
     """Tokens a short request generates (`max_tokens`, with `ignore_eos`)."""
     long_output_tokens: int = Field(default=16, ge=1)
     """Tokens a long request generates."""
+
+    @model_validator(mode="after")
+    def _rate_or_load(self) -> MixedWorkload:
+        if self.prefill_load is not None:
+            if "rate" in self.model_fields_set and self.prefill_s is None:
+                raise ValueError("give `rate` or `prefill_load`, not both")
+            if self.long_fraction == 0:
+                raise ValueError("`prefill_load` sizes the load by its long prompts: `long_fraction` must be > 0")
+        return self
+
+    @property
+    def needs_sizing(self) -> bool:
+        """A `prefill_load` workload whose rate has not been set from a measured prefill yet."""
+        return self.prefill_load is not None and self.prefill_s is None
+
+    def sized(self, prefill_s: float) -> MixedWorkload:
+        """This workload with `rate` set so that its long prompts keep one prefill core `prefill_load` busy, given
+        that one lone long prefill takes `prefill_s` seconds (measured, or a simulator's estimate)."""
+        if self.prefill_load is None:
+            raise ValueError("only a workload with `prefill_load` is sized")
+        if prefill_s <= 0:
+            raise ValueError(f"prefill_s must be > 0, got {prefill_s}")
+        rate = self.prefill_load / (self.long_fraction * prefill_s)
+        return self.model_copy(update={"rate": round(rate, 4), "prefill_s": round(prefill_s, 4)})
 
 
 class TraceWorkload(_WorkloadBase):

@@ -16,6 +16,9 @@ console = Console()
 
 #: The lab `pdlab demo` runs.
 DEMO_LAB = "hol-blocking.yaml"
+#: Where a learner goes after the demo.
+DEMO_NEXT = ("Next: `make lab` opens the course in JupyterLab; notebook 02 shows these stalls on a timeline and "
+             "03 takes the deployment apart (docs/course.md).")
 
 
 def _load(lab: Path):  # type: ignore[no-untyped-def]
@@ -36,21 +39,35 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def print_comparison(run_dir: Path) -> None:
-    """The headline figures of a run, scenarios side by side, and each scenario's short-request ITL p99 as a
-    multiple of the baseline's."""
-    from pdlab.report import headline_table
+#: Ratios to the baseline printed under the table: the numbers people read first.
+RATIOS = (("short ITL p99 / alone", ("short", "itl_ms", "p99")),
+          ("short TTFT p99 / alone", ("short", "ttft_ms", "p99")))
+
+
+def _dig(block: dict | None, path: tuple[str, ...]) -> float | None:
+    for key in path:
+        block = block.get(key) if isinstance(block, dict) else None
+    return block  # type: ignore[return-value]
+
+
+def print_comparison(run_dir: Path, quick: bool = False) -> None:
+    """The headline figures of a run, scenarios side by side, each scenario's short-request ITL p99 and TTFT p99 as
+    multiples of the baseline's (the short requests alone), and the verdict in words."""
+    from pdlab.report import headline_table, verdict
 
     summary = json.loads((run_dir / "summary.json").read_text())
     frame = headline_table(summary)
     table = Table("figure", *frame.columns, title=f"{summary.get('lab')}: {run_dir}")
     for label, row in frame.iterrows():
-        table.add_row(str(label), *(_fmt(v) for v in row.tolist()))
-    base = ((summary.get("baseline") or {}).get("short") or {}).get("itl_ms", {}).get("p99")
-    if base:
-        ratios = [((s.get("short") or {}).get("itl_ms") or {}).get("p99") for s in summary["scenarios"].values()]
-        table.add_row("short ITL p99 / baseline",
-                      *[f"{r / base:.1f}x" if r else "-" for r in ratios], "1.0x" if "baseline" in frame else "")
+        cells = [f"{v:.0%}" if "share" in str(label) and isinstance(v, float) and not math.isnan(v) else _fmt(v)
+                 for v in row.tolist()]
+        table.add_row(str(label), *cells)
+    baseline = summary.get("baseline")
+    for label, path in RATIOS:
+        base = _dig(baseline, path)
+        if base:
+            ratios = [_dig(block, path) for block in summary["scenarios"].values()]
+            table.add_row(label, *[f"{r / base:.1f}x" if r else "-" for r in ratios], "1.0x" if baseline else "")
     console.print(table)
     for name, kv in (summary.get("kv_transfer") or {}).items():
         if kv.get("transfers"):
@@ -59,6 +76,12 @@ def print_comparison(run_dir: Path) -> None:
         if kv.get("preemptions"):
             console.print(f"{name}: vLLM preempted {kv['preemptions']:g} requests: the KV cache ran out, and each "
                           "computed its prompt and tokens again")
+    lines = verdict(summary)
+    if lines:
+        console.print("[bold]Verdict[/bold]" + (" (a quick run: short loads, rough figures)"
+                                                 if quick else ""))
+        for line in lines:
+            console.print(f"  {line}")
     if not summary.get("complete"):
         console.print("[yellow]This run is incomplete: it was interrupted; figures cover what was measured.[/yellow]")
 
@@ -68,12 +91,15 @@ def _fail(error: Exception) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-def _report(run_dir: Path, record: bool) -> None:
-    """What every run prints at its end: the comparison, where the run is, and where it was recorded."""
+def _report(run_dir: Path, record: bool, quick: bool, next_steps: str = "") -> None:
+    """What every run prints at its end: the comparison and verdict, where the run is, where to look next, and
+    where it was recorded."""
     from pdlab.experiment.lab import record_run
 
-    print_comparison(run_dir)
-    console.print(f"Run directory: {run_dir}\nReport: {run_dir / 'report.html'}")
+    print_comparison(run_dir, quick)
+    console.print(f"Run directory: {run_dir}\nReport (open it in a browser): {run_dir / 'report.html'}")
+    if next_steps:
+        console.print(next_steps)
     if record:
         console.print(f"Recorded: {record_run(run_dir)}")
 
@@ -112,7 +138,7 @@ def run(
                               console=console)
     except (LabError, DeployError, FileExistsError) as error:
         raise _fail(error) from None
-    _report(run_dir, record)
+    _report(run_dir, record, quick)
 
 
 def demo(
@@ -130,4 +156,4 @@ def demo(
         run_dir = run_lab(spec, quick=quick, run_dir=out, console=console)
     except (LabError, DeployError, FileExistsError) as error:
         raise _fail(error) from None
-    _report(run_dir, record)
+    _report(run_dir, record, quick, DEMO_NEXT)

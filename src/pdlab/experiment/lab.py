@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,10 @@ import pandas as pd
 from rich.console import Console
 
 from pdlab.config.lab import EventSpec, LabSpec
+from pdlab.config.workload import MixedWorkload
 from pdlab.deploy import Deployment
 from pdlab.experiment.runner import ExperimentRun
+from pdlab.load.prompts import PromptBuilder
 from pdlab.report.figures import sweep_figure
 from pdlab.settings import data_dir
 
@@ -33,6 +37,46 @@ def quick_workload(lab: LabSpec, duration_s: float | None = None) -> Any:
         raise LabError(f"lab {lab.name!r} has no `workload` to run")
     duration = duration_s or lab.experiment.quick_duration_s
     return lab.workload.model_copy(update={"duration_s": duration, "num_requests": None})
+
+
+#: Lone long prefills timed to size a `prefill_load` workload (the median is kept).
+SIZING_PREFILLS = 3
+
+
+def size_workload(workload: MixedWorkload, url: str, model: str, model_dir: str | Path,
+                  console: Console | None = None) -> MixedWorkload:
+    """`workload` with its rate set from this machine's speed: time SIZING_PREFILLS lone prefills of
+    `long_tokens` (one at a time, a one-token answer, distinct prompts so no cache answers) at `url`, an instance
+    that prefills (colocated, or a NIXL prefill instance), and keep the median."""
+    builder = PromptBuilder(model_dir)
+    times = []
+    status = (console or Console(stderr=True)).status(
+        f"sizing the load: timing {SIZING_PREFILLS} lone {workload.long_tokens}-token prefills on this machine")
+    with status, httpx.Client(timeout=300) as client:
+        for i in range(SIZING_PREFILLS):
+            prompt = builder.prompt(workload.long_tokens, key=f"{workload.seed}/sizing/{i}")
+            started = time.perf_counter()
+            response = client.post(url + "/v1/completions", json={
+                "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True})
+            if response.status_code != 200:
+                raise LabError(f"sizing the load: {url} answered HTTP {response.status_code}: {response.text[:300]}")
+            times.append(time.perf_counter() - started)
+    sized = workload.sized(statistics.median(times))
+    if console is not None:
+        console.print(f"load sized for this machine: a lone {workload.long_tokens}-token prefill takes "
+                      f"{sized.prefill_s:.2f} s, so {workload.prefill_load:.0%} prefill load is "
+                      f"{sized.rate * workload.long_fraction:.2f} long prompts/s ({sized.rate:.2f} requests/s in all)")
+    return sized
+
+
+def _sizing_url(dep: Deployment) -> str:
+    """An instance that prefills and takes a plain request: colocated first, else a NIXL prefill instance."""
+    if dep.urls("colocated"):
+        return dep.urls("colocated")[0]
+    if dep.spec.connector.kind == "lmcache":
+        raise LabError("size a `prefill_load` workload on a scenario with a colocated or NIXL prefill instance first "
+                       "(an LMCache sender instance must not get a plain request)")
+    return dep.urls("prefill")[0]
 
 
 def set_router(dep: Deployment, **settings: Any) -> dict:
@@ -102,6 +146,9 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
                 continue
             console.rule(f"{lab.name}: {name}")
             with Deployment(spec, run_dir=run.dir / name / "deployment", progress=progress, console=console) as dep:
+                if isinstance(run.workload, MixedWorkload) and run.workload.needs_sizing:
+                    run.set_workload(size_workload(run.workload, _sizing_url(dep), dep.served_model, dep.model_dir,
+                                                   console))
                 if exp.sweep is not None and name in exp.sweep.scenarios:
                     setting = exp.sweep.setting
                     for value in exp.sweep.values:
@@ -142,6 +189,9 @@ def run_at_url(lab: LabSpec, url: str, *, model: str, model_dir: str | Path, sce
                         progress=progress)
     complete = False
     try:
+        if isinstance(workload, MixedWorkload) and workload.needs_sizing:
+            # The endpoint's own first-token time for a lone long prompt (through its router, whatever path it takes).
+            run.set_workload(size_workload(workload, url.rstrip("/"), model, model_dir, Console(stderr=True)))
         run.measure(scenario, url, model=model, model_dir=model_dir)
         complete = True
     finally:

@@ -111,6 +111,14 @@ class ExperimentRun:
         self.complete = False
         self._builders: dict[str, PromptBuilder] = {}
         (self.dir / "environment.json").write_text(json.dumps(capture(), indent=2) + "\n")
+        self.set_workload(workload)
+
+    def set_workload(self, workload: Workload) -> None:
+        """The workload every scenario gets from now on (e.g. once a `prefill_load` workload is sized), saved as
+        workload.json; refused once a scenario has been measured, so that all scenarios see the same load."""
+        if self.scheduled:
+            raise ValueError("the run's workload cannot change after a scenario was measured")
+        self.workload = workload
         spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
         (self.dir / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
         self.write_summary()

@@ -15,14 +15,17 @@ PERCENTILES_SCHEMA: dict[str, Any] = {
                    "mean": _NUMBER_OR_NULL, "count": {"type": "integer", "minimum": 0}},
 }
 
+_COUNT = {"type": "integer", "minimum": 0}
+
 CLASS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "requests", "stalls"],
+    "required": ["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "requests", "stalls", "worst_gap_ms", "stalled"],
     "properties": {"ttft_ms": PERCENTILES_SCHEMA, "itl_ms": PERCENTILES_SCHEMA, "tpot_ms": PERCENTILES_SCHEMA,
-                   "e2e_ms": PERCENTILES_SCHEMA, "stalls": {"type": "integer", "minimum": 0}},
+                   "e2e_ms": PERCENTILES_SCHEMA, "stalls": _COUNT, "worst_gap_ms": PERCENTILES_SCHEMA,
+                   "stalled": {"type": "object", "required": ["requests", "of", "share"],
+                               "properties": {"requests": _COUNT, "of": _COUNT,
+                                              "share": {"type": ["number", "null"], "minimum": 0, "maximum": 1}}}},
 }
-
-_COUNT = {"type": "integer", "minimum": 0}
 
 REQUESTS_SCHEMA: dict[str, Any] = {
     "type": "object",

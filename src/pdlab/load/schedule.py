@@ -88,6 +88,9 @@ def _arrivals(rate: float, poisson: bool, seed: int, duration_s: float | None, l
 
 
 def _mixed(spec: MixedWorkload, builder: PromptBuilder) -> list[_Draft]:
+    if spec.needs_sizing:
+        raise ValueError(f"this workload gives `prefill_load: {spec.prefill_load}` and no rate yet: size it first with "
+                         "a measured prefill (pdlab.experiment.lab.size_workload, or MixedWorkload.sized)")
     classes = seeded_rng(spec.seed, "classes")
     drafts = []
     for i, t in enumerate(_arrivals(spec.rate, spec.arrival == "poisson", spec.seed, spec.duration_s,

@@ -7,6 +7,8 @@ Definitions (docs/metrics.md has the glossary):
 - ITL: every gap between consecutive streamed tokens of a request, kept one by one (a stall is one big gap;
   averaging it into TPOT hides it, which is why HOL blocking is read from ITL, not TPOT).
 - Stall: a gap longer than `k` times the median gap of the same request.
+- Worst gap: a request's longest inter-token gap (one number per request; its percentiles over requests say how
+  many requests froze and for how long, whatever share of all gaps the freezes are).
 Latency figures count completed (`ok`) requests only; failures are counted, not timed.
 """
 
@@ -41,7 +43,8 @@ def output_tokens(row: pd.Series) -> int:
 
 def request_metrics(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K) -> pd.DataFrame:
     """One line per completed request: ttft_s, e2e_s, tpot_s (NaN for one-token answers), tokens,
-    median_itl_s, stalls (count), stall_s (summed stalled gaps), plus its id, class, path and start_s."""
+    median_itl_s, max_gap_s (its worst gap; NaN for one-token answers), stalls (count), stall_s (summed stalled
+    gaps), plus its id, class, path and start_s."""
     out = []
     for _, row in completed(rows).iterrows():
         times = row["token_times"]
@@ -53,10 +56,11 @@ def request_metrics(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K) -> pd.
         out.append({
             "request_id": row["request_id"], "cls": row["cls"], "path": row["path"], "start_s": row["start_s"],
             "ttft_s": ttft, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (tokens - 1) if tokens > 1 else math.nan,
-            "tokens": tokens, "median_itl_s": median, "stalls": int(len(stalled)), "stall_s": float(stalled.sum()),
+            "tokens": tokens, "median_itl_s": median, "max_gap_s": float(gaps.max()) if len(gaps) else math.nan,
+            "stalls": int(len(stalled)), "stall_s": float(stalled.sum()),
         })
     columns = ["request_id", "cls", "path", "start_s", "ttft_s", "e2e_s", "tpot_s", "tokens", "median_itl_s",
-               "stalls", "stall_s"]
+               "max_gap_s", "stalls", "stall_s"]
     return pd.DataFrame(out, columns=columns)
 
 

@@ -4,7 +4,9 @@
      "baseline": {...}}
 
 Each scenario block has `short.itl_ms.{p50,p90,p99,max,...}`, `short.ttft_ms`, `long.ttft_ms` (one block per
-class present), `stalls.count`, `requests.{scheduled,sent,completed,failed,not_sent}`, and HOL details.
+class present), `stalls.count`, `requests.{scheduled,sent,completed,failed,not_sent}`, and HOL details. Per
+request, each class block also has `worst_gap_ms` (percentiles over requests of each one's longest gap) and
+`stalled` (how many requests, and what share of the completed ones, stalled at least once).
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ def class_summary(rows: pd.DataFrame, per_request: pd.DataFrame, cls: str | None
         "e2e_ms": percentiles(timed["e2e_s"], 1000),
         "requests": {"sent": int(len(sent)), "completed": int(len(timed))},
         "stalls": int(timed["stalls"].sum()),
+        "worst_gap_ms": percentiles(timed["max_gap_s"], 1000),
+        "stalled": stalled_requests(timed),
     }
+
+
+def stalled_requests(per_request: pd.DataFrame) -> dict:
+    """How many of these requests (one line each, from request_metrics) stalled at least once, and their share of
+    the requests that had a gap to stall in (more than one token)."""
+    streamed = per_request[per_request["tokens"] > 1]
+    count = int((streamed["stalls"] > 0).sum())
+    return {"requests": count, "of": int(len(streamed)), "share": count / len(streamed) if len(streamed) else None}
 
 
 def request_counts(rows: pd.DataFrame, scheduled: int | None = None) -> dict:

@@ -12,6 +12,7 @@ from pdlab.report.figures import (
     validation_summary,
 )
 from pdlab.report.html import headline_table, write_report
+from pdlab.report.verdict import verdict
 
 __all__ = [
     "CLASS_COLOURS",
@@ -23,5 +24,6 @@ __all__ = [
     "ttft_by_class_figure",
     "validation_figure",
     "validation_summary",
+    "verdict",
     "write_report",
 ]

@@ -1,0 +1,105 @@
+"""The demo's verdict and README's table, from hand-made summaries: what the words and cells must say."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdlab.config.base import ConfigError
+from pdlab.config.workload import MixedWorkload, parse_workload
+from pdlab.report import verdict
+from pdlab.report.readme import headline_markdown, render
+
+
+def block(itl99: float, ttft99: float, share: float, worst99: float, long50: float | None = None,
+          long99: float | None = None) -> dict:
+    out = {"short": {"itl_ms": {"p50": 14.0, "p99": itl99}, "ttft_ms": {"p99": ttft99},
+                     "stalled": {"requests": int(share * 100), "of": 100, "share": share},
+                     "worst_gap_ms": {"p50": worst99 / 2, "p99": worst99}}}
+    if long50 is not None:
+        out["long"] = {"ttft_ms": {"p50": long50, "p99": long99}}
+    return out
+
+
+SUMMARY = {
+    "scenarios": {"colocated": block(420, 1000, 0.98, 717, 437, 1055),
+                  "colocated_chunked": block(232, 547, 0.95, 329, 490, 1041),
+                  "disaggregated": block(38, 83, 0.0, 61, 1054, 3865)},
+    "baseline": block(39, 87, 0.0, 60),
+    "kv_transfer": {"disaggregated": {"transfers": 131, "mean_xfer_ms": 325.9}},
+}
+
+
+def test_the_verdict_says_each_scenario_against_alone_and_what_long_prompts_paid():
+    lines = verdict(SUMMARY)
+    assert lines[0].startswith("colocated: short requests' ITL p99 420 ms (10.8x alone), TTFT p99 1.00 s (11.5x")
+    assert "98% of them stalled at least once, the worst gap 717 ms" in lines[0]
+    assert lines[1].startswith("chunked prefill:") and lines[2].startswith("disaggregated:")
+    assert "(1.0x alone)" in lines[2] and "0% of them stalled" in lines[2]
+    assert lines[3] == "alone (no long prompts): ITL p99 39 ms, TTFT p99 87 ms."
+    assert lines[4].startswith("the price: long prompts waited 2.4x longer for their first token disaggregated "
+                               "(TTFT p50 1.05 s vs 437 ms colocated; p99 3.87 s vs 1.05 s)")
+    assert lines[4].endswith("one prefill core instead of two, plus the KV transfer (mean 326 ms).")
+
+
+def test_a_verdict_leaves_out_what_the_run_did_not_measure():
+    lines = verdict({"scenarios": {"disaggregated": block(38, 83, 0.0, 61)}, "baseline": None})
+    assert len(lines) == 1 and "(- alone)" in lines[0]
+
+
+def test_the_readme_table_comes_from_the_record_and_is_checked_against_it(tmp_path):
+    table = headline_markdown(SUMMARY)
+    lines = table.splitlines()
+    assert lines[0] == "| | colocated | chunked prefill | disaggregated | alone |"
+    assert lines[2] == "| short ITL p99 (ms) | 420 | 232 | 38.0 | 39.0 |"
+    assert "| short requests that stalled | 98% | 95% | 0% | 0% |" in lines
+    assert "| long TTFT p50 (ms) | 437 | 490 | 1,054 | - |" in lines
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "summary.json").write_text(json.dumps(SUMMARY))
+    readme = "intro\n<!-- headline: rec/summary.json -->\nstale\n<!-- /headline -->\nafter\n"
+    fresh = render(readme, tmp_path)
+    assert fresh == f"intro\n<!-- headline: rec/summary.json -->\n{table}<!-- /headline -->\nafter\n"
+    with pytest.raises(ValueError, match="no <!-- headline"):
+        render("no block here", tmp_path)
+
+
+def test_a_prefill_load_workload_is_sized_by_the_measured_prefill():
+    spec = MixedWorkload(prefill_load=0.5, long_fraction=0.5, long_tokens=640, duration_s=10)
+    assert spec.needs_sizing
+    sized = spec.sized(0.4)  # 0.5 of a core / (0.5 long x 0.4 s) = 2.5 requests/s
+    assert sized.rate == pytest.approx(2.5) and sized.prefill_s == 0.4 and not sized.needs_sizing
+    # what the run records reads back as the same sized workload
+    assert parse_workload(sized.model_dump(mode="json")) == sized
+
+
+def test_rate_and_prefill_load_together_or_without_long_prompts_are_refused():
+    with pytest.raises(ConfigError, match="rate.*prefill_load"):
+        parse_workload({"kind": "mixed", "rate": 2, "prefill_load": 0.5, "duration_s": 5})
+    with pytest.raises(ConfigError, match="long_fraction"):
+        parse_workload({"kind": "mixed", "prefill_load": 0.5, "long_fraction": 0, "duration_s": 5})
+    with pytest.raises(ConfigError, match="prefill_load"):
+        parse_workload({"kind": "mixed", "prefill_load": 1.5, "duration_s": 5})
+
+
+def test_an_unsized_workload_cannot_be_scheduled():
+    from pdlab.load.prompts import PromptBuilder
+    from pdlab.load.schedule import build_schedule
+    from pdlab.model import resolve
+
+    with pytest.raises(ValueError, match="size it first"):
+        build_schedule(MixedWorkload(prefill_load=0.5, duration_s=5), PromptBuilder(resolve("pdlab-tiny")))
+
+
+def test_the_load_is_sized_by_lone_prefills_timed_on_the_machine():
+    """Against a stand-in server (a real process) that prefills at 0.5 ms per token: 512-token prompts take about
+    0.26 s, so 60% long prompts at 55% prefill load are about 0.55 / (0.6 x 0.26) = 3.5 requests/s."""
+    from pdlab.experiment.lab import size_workload
+    from pdlab.model import resolve
+    from tests.standin_process import free_port, standin
+
+    spec = MixedWorkload(prefill_load=0.55, long_fraction=0.6, long_tokens=512, duration_s=5)
+    with standin(free_port(), "--prefill-us-per-token", "500", "--model", "pdlab-tiny") as url:
+        sized = size_workload(spec, url, "pdlab-tiny", resolve("pdlab-tiny"))
+    assert 0.25 <= sized.prefill_s < 0.45, sized
+    assert sized.rate == pytest.approx(0.55 / (0.6 * sized.prefill_s), rel=1e-3)
