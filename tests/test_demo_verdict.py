@@ -92,8 +92,8 @@ def test_an_unsized_workload_cannot_be_scheduled():
 
 
 def test_the_load_is_sized_by_lone_prefills_timed_on_the_machine():
-    """Against a stand-in server (a real process) that prefills at 0.5 ms per token: 512-token prompts take about
-    0.26 s, so 60% long prompts at 55% prefill load are about 0.55 / (0.6 x 0.26) = 3.5 requests/s."""
+    """Against a stand-in server (a real process) that prefills at 0.5 ms per prompt token (as it counts them, about
+    0.2-0.3 s for these prompts; an instant answer without the delay): the rate follows the time measured."""
     from pdlab.experiment.lab import size_workload
     from pdlab.model import resolve
     from tests.standin_process import free_port, standin
@@ -101,5 +101,5 @@ def test_the_load_is_sized_by_lone_prefills_timed_on_the_machine():
     spec = MixedWorkload(prefill_load=0.55, long_fraction=0.6, long_tokens=512, duration_s=5)
     with standin(free_port(), "--prefill-us-per-token", "500", "--model", "pdlab-tiny") as url:
         sized = size_workload(spec, url, "pdlab-tiny", resolve("pdlab-tiny"))
-    assert 0.25 <= sized.prefill_s < 0.45, sized
+    assert 0.15 <= sized.prefill_s < 0.5, sized
     assert sized.rate == pytest.approx(0.55 / (0.6 * sized.prefill_s), rel=1e-3)
