@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pdlab.calibration.lab import lab_points, lab_requests, simulate_lab
+from pdlab.calibration.lab import DEFAULT_LAB_PROFILE, lab_points, lab_requests, lone_prefill_s, simulate_lab
 from pdlab.cli import app
 from pdlab.config import load_lab
 from pdlab.config.sim import SimSpec, SimWorkload
@@ -28,9 +28,11 @@ def small_model() -> str:
 def test_a_lab_simulates_what_pdlab_run_measures_in_its_order(small_model: str) -> None:
     lab = load_lab(LABS / "hol-blocking.yaml")
     requests = lab_requests(lab, model_dir=small_model, quick=True)
-    # The load generator's own schedule: same times, lengths and classes.
-    schedule = build_schedule(lab.workload.model_copy(update={"duration_s": lab.experiment.quick_duration_s,
-                                                              "num_requests": None}), PromptBuilder(small_model))
+    # The load generator's own schedule: same times, lengths and classes, its `prefill_load` sized as `pdlab run`
+    # sizes it, with the profile's price of a lone long prefill in place of the one timed on the machine.
+    workload = lab.workload.model_copy(update={"duration_s": lab.experiment.quick_duration_s, "num_requests": None})
+    workload = workload.sized(lone_prefill_s(DEFAULT_LAB_PROFILE, workload.long_tokens))
+    schedule = build_schedule(workload, PromptBuilder(small_model))
     assert [(r.at_s, r.prompt_tokens, r.output_tokens, r.cls) for r in requests] == \
         [(s.offset_s, s.prompt_tokens, s.max_tokens, s.cls) for s in schedule]
     points = lab_points(lab, requests)
