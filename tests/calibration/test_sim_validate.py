@@ -84,7 +84,7 @@ def test_replaying_a_run_under_its_own_costs_matches(tmp_path: Path, pools: dict
     assert set(run_result["errors"]) == {f"{c}.{m}.{p}" for c in ("short", "long") for m in ("ttft_ms", "itl_ms")
                                          for p in ("p50", "p99")}
     assert result["max_error_pct"] < 0.01  # float precision of wall-clock timestamps
-    assert run_result["shape"]["threshold"] == 1024
+    assert run_result["simulated"]["router"]["threshold"] == 1024
 
 
 def test_wrong_costs_show_up_as_errors(tmp_path: Path) -> None:
@@ -326,15 +326,15 @@ def test_the_admission_window_is_held_through_the_fit_and_recorded(tmp_path: Pat
 
 def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold(tmp_path: Path) -> None:
     """`pdlab run` of a sweep writes `<scenario>@<value>/rows.csv` and one `<scenario>/deployment/`."""
-    from pdlab.calibration.validate import infer_shape
     from pdlab.load.rows import COLUMNS
+    from pdlab.settings import VLLM_CPU_MAX_NUM_BATCHED_TOKENS
 
     run = tmp_path / "threshold-sweep"
     deployment = run / "disaggregated" / "deployment"
     deployment.mkdir(parents=True)
     spec = {"instances": [{"name": "prefill-0", "role": "prefill", "engine": {"max_num_batched_tokens": 512}},
                           {"name": "decode-0", "role": "decode", "engine": {"kv_cache_blocks": 24}}],
-            "router": {"threshold": 2048}}
+            "model": {"max_model_len": 3072}, "router": {"threshold": 2048}}
     (deployment / "deployment.json").write_text(json.dumps({"spec": spec}))
     (run / "sweep.csv").write_text("scenario,threshold,short_itl_p99_ms\ndisaggregated,1024,20.0\n")
     point = run / "disaggregated@1024"
@@ -347,15 +347,13 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
         writer = csv.DictWriter(handle, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerow(row)
-    rows, summary = read_run(point)
-    shape = infer_shape(rows, summary)
-    assert (shape.prefill, shape.decode, shape.colocated) == (1, 1, 0)
-    assert shape.threshold == 1024  # the sweep's value, not the deployment's 2048
-    assert shape.max_num_batched_tokens == 512
-    assert shape.kv_cache_tokens == 24 * 128  # a cache set in blocks of vLLM's CPU size, on the decode instance
-    assert shape.prefill_kv_cache_tokens is None
     replayed = replay_of(point, resolve_profile(Path("pdlab-small-fitted")), model="pdlab-small").spec
-    assert replayed.engine_for("decode").kv_cache_tokens == 24 * 128
+    assert (replayed.pools.prefill, replayed.pools.decode, replayed.pools.colocated) == (1, 1, 0)
+    assert replayed.router.threshold == 1024  # the sweep's value, not the deployment's 2048
+    # each instance's own engine: the prefill instance's budget, the decode instance's vLLM default
+    assert replayed.engine_for("prefill").max_num_batched_tokens == 512
+    assert replayed.engine_for("decode").max_num_batched_tokens == VLLM_CPU_MAX_NUM_BATCHED_TOKENS
+    assert replayed.engine_for("decode").kv_cache_tokens == 24 * 128  # set in blocks of vLLM's CPU size
     assert replayed.engine_for("prefill").kv_cache_tokens is None  # the prefill instance kept its 1 GiB
 
 
@@ -474,7 +472,8 @@ def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions()
     assert again["max_error_pct"] == pytest.approx(recorded["max_error_pct"], rel=1e-6)
     assert again["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
     roomy, tight = again["runs"]
-    assert roomy["shape"]["kv_cache_tokens"] is None and tight["shape"]["kv_cache_tokens"] == 24 * 128
+    assert roomy["simulated"]["engine"]["kv_cache_tokens"] is None
+    assert tight["simulated"]["engine"]["kv_cache_tokens"] == 24 * 128
     assert roomy["preemptions"] == {"measured": 0, "simulated": 0}
     assert tight["preemptions"]["measured"] > 0
     assert tight["preemptions"]["simulated"] == pytest.approx(tight["preemptions"]["measured"], rel=0.25)
@@ -488,7 +487,8 @@ def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions()
                           pooled=[root / p for p in run["pooled"]], seeds=recorded["seeds"])
     assert again["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
     [pd] = again["runs"]
-    assert (pd["shape"]["prefill"], pd["shape"]["decode"]) == (1, 1)
-    assert pd["shape"]["kv_cache_tokens"] == 24 * 128 and pd["shape"]["prefill_kv_cache_tokens"] is None
+    assert (pd["simulated"]["pools"]["prefill"], pd["simulated"]["pools"]["decode"]) == (1, 1)
+    assert pd["simulated"]["engine"]["kv_cache_tokens"] == 24 * 128
+    assert pd["simulated"]["prefill_engine"]["kv_cache_tokens"] is None
     assert pd["preemptions"]["measured"] > 0
     assert pd["preemptions"]["simulated"] == pytest.approx(pd["preemptions"]["measured"], rel=0.25)

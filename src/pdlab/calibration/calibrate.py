@@ -342,8 +342,8 @@ def fit_to_runs(run_dirs: list, model: str, *, start: str | None = None, max_eva
     start_overheads = ServingOverheads.from_json(start_profile.get("overheads"))
     replays = [replay_of(Path(d), start_path, model=model) for d in run_dirs]
     # Read apart for the two kinds of deployment when the runs have both: a P/D pair's steps stray further.
-    paired = [r.rows for r in replays if r.shape.prefill]
-    alone = [r.rows for r in replays if not r.shape.prefill]
+    paired = [r.rows for r in replays if r.spec.pools.prefill]
+    alone = [r.rows for r in replays if not r.spec.pools.prefill]
     jitter = step_jitter(alone if paired and alone else [r.rows for r in replays])
     jitter_pd = step_jitter(paired) if paired and alone else ()
     prepared = [prepare(r.spec) for r in replays]

