@@ -167,16 +167,13 @@ def measured_link_gbps(run_dirs: list) -> float | None:
     """KV transfer throughput the runs' decode instances reported (`kv.json`, from vLLM's NIXL metrics), in Gbit/s:
     on a loaded CPU it is far below what an idle loopback carries, since a read waits while the prefill instance
     computes (`ServingOverheads.sender_wake_s`)."""
-    import json
-    from pathlib import Path
+    from pdlab.load.rundir import read_kv
 
     moved = seconds = 0.0
     for run_dir in run_dirs:
-        path = Path(run_dir) / "kv.json"
-        if path.exists():
-            kv = json.loads(path.read_text())
-            moved += float(kv.get("bytes") or 0)
-            seconds += float(kv.get("xfer_seconds") or 0)
+        kv = read_kv(run_dir)
+        moved += float(kv.get("bytes") or 0)
+        seconds += float(kv.get("xfer_seconds") or 0)
     return moved * 8 / seconds / 1e9 if moved and seconds else None
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from rich.console import Console
 
 from pdlab.environment import capture
+from pdlab.load.rundir import point_dirs
 from pdlab.settings import runs_dir
 
 CALIBRATION_LAB = "sim-calibration.yaml"
@@ -86,7 +87,7 @@ def pdlab_command(*args: str | Path) -> list[str]:
 
 def scenario_dirs(run_dir: Path) -> list[Path]:
     """A lab run's scenario directories (those with measured rows), in name order."""
-    found = sorted(rows.parent for rows in Path(run_dir).glob("*/rows.csv"))
+    found = point_dirs(run_dir)
     if not found:
         raise SittingError(f"{run_dir}: no scenario with measured rows (rows.csv); did its run fail?")
     return found

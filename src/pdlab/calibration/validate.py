@@ -25,6 +25,7 @@ import numpy as np
 
 from pdlab.config.deployment import DeploymentSpec
 from pdlab.config.sim import SimRequestSpec, SimSpec, SimWorkload
+from pdlab.load import rundir
 from pdlab.load.rows import COLUMNS as ROW_COLUMNS
 from pdlab.load.rows import read_rows
 from pdlab.settings import (
@@ -69,7 +70,7 @@ CPU_ENGINE_DEFAULTS = {"max_num_batched_tokens": VLLM_CPU_MAX_NUM_BATCHED_TOKENS
 
 
 def _rows_file(run_dir: Path) -> Path:
-    for name in ("requests.csv", "rows.csv", "raw.csv"):
+    for name in ("requests.csv", rundir.ROWS, "raw.csv"):
         if (run_dir / name).exists():
             return run_dir / name
     found = sorted(run_dir.glob("*.csv"))
@@ -107,25 +108,6 @@ def _read_pdlab_rows(path: Path) -> list[MeasuredRequest]:
             for r in frame.itertuples()]
 
 
-def _deployment_of(run_dir: Path) -> dict:
-    """The DeploymentSpec a pdlab experiment ran this scenario on (`<scenario>/deployment/deployment.json`). A sweep
-    point (`<scenario>@<value>`) ran on its scenario's deployment with one router setting changed live: the
-    setting is the column after `scenario` in the run's `sweep.csv`."""
-    path = run_dir / "deployment" / "deployment.json"
-    if path.exists():
-        return json.loads(path.read_text())["spec"]
-    scenario, at, value = run_dir.name.partition("@")
-    base = run_dir.parent / scenario / "deployment" / "deployment.json"
-    sweep = run_dir.parent / "sweep.csv"
-    if not at or not base.exists() or not sweep.exists():
-        return {}
-    spec = json.loads(base.read_text())["spec"]
-    setting = sweep.open().readline().strip().split(",")[1]
-    router = dict(spec.get("router") or {})
-    router[setting] = int(value) if setting == "threshold" else value
-    return {**spec, "router": router}
-
-
 def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
     path = _rows_file(run_dir)
     header = path.open().readline().strip().split(",")
@@ -134,7 +116,7 @@ def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
         rows = _read_pdlab_rows(path)
         if not rows:
             raise RunDirError(f"{path}: no successful requests")
-        return rows, {"deployment": _deployment_of(run_dir)}
+        return rows, {"deployment": rundir.point_deployment(run_dir)}
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         header = list(reader.fieldnames or [])
@@ -153,7 +135,7 @@ def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
                 path=row[cols["path"]] if cols["path"] else None))
     if not rows:
         raise RunDirError(f"{path}: no successful requests")
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / rundir.SUMMARY
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return rows, summary
 
@@ -281,7 +263,7 @@ def _prefix_hashes(run_dir: Path, rows: list[MeasuredRequest], summary: dict, bl
     from pdlab.router.strategies import block_hashes
     from pdlab.router.tokens import PromptTokenizer
 
-    schedule_path = run_dir / "schedule.jsonl"
+    schedule_path = run_dir / rundir.SCHEDULE
     model = ((summary.get("deployment") or {}).get("model") or {}).get("name")
     if not schedule_path.exists() or model is None or any(r.request_id is None for r in rows):
         raise RunDirError(f"{run_dir}: its instances cached prompt prefixes; a replay finds the shared prefixes in "
@@ -292,9 +274,7 @@ def _prefix_hashes(run_dir: Path, rows: list[MeasuredRequest], summary: dict, bl
         tokenizer = PromptTokenizer(resolve(model, make=False))
     except ModelError as error:
         raise RunDirError(f"{run_dir}: its prompts are hashed with the model's tokenizer: {error}") from None
-    workload_path = next((p for p in (run_dir / "workload.json", run_dir.parent / "workload.json") if p.exists()),
-                         None)
-    api = json.loads(workload_path.read_text()).get("api", "completions") if workload_path else "completions"
+    api = (rundir.point_workload(run_dir) or {}).get("api", "completions")
     prompts = {item.request_id: item.prompt for item in read_schedule(schedule_path)}
     out = {}
     for row in rows:
@@ -341,7 +321,7 @@ def measured_transfer_s(*run_dirs: Path) -> float | None:
     of these runs (each run weighted by its count); None if none moved any."""
     seconds = transfers = 0.0
     for run_dir in run_dirs:
-        kv = read_kv(run_dir)
+        kv = rundir.read_kv(run_dir)
         if kv.get("transfers") and kv.get("xfer_seconds"):
             seconds, transfers = seconds + float(kv["xfer_seconds"]), transfers + float(kv["transfers"])
     return seconds / transfers if transfers else None
@@ -421,18 +401,12 @@ def validate_run(run_dir: Path, profile: Path, *, model: str, threshold: int | N
     return result
 
 
-def read_kv(run_dir: Path) -> dict:
-    """A run's `kv.json` (vLLM's KV figures over the run), or {} where it recorded none."""
-    path = Path(run_dir) / "kv.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def measured_preemptions(*run_dirs: Path) -> float | None:
     """Requests vLLM preempted in these runs (`kv.json`, from its `vllm:num_preemptions` counters); None where a
     run did not record them (runs before pdlab scraped them)."""
     total = 0.0
     for run_dir in run_dirs:
-        kv = read_kv(run_dir)
+        kv = rundir.read_kv(run_dir)
         if "preemptions" not in kv:
             return None
         total += float(kv["preemptions"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pdlab.load import rundir
 from pdlab.settings import labs_dir
 
 console = Console()
@@ -55,7 +55,7 @@ def print_comparison(run_dir: Path, quick: bool = False) -> None:
     multiples of the baseline's (the short requests alone), and the verdict in words."""
     from pdlab.report import headline_table, verdict
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.read_summary(run_dir)
     frame = headline_table(summary)
     table = Table("figure", *frame.columns, title=f"{summary.get('lab')}: {run_dir}")
     for label, row in frame.iterrows():

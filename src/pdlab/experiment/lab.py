@@ -7,7 +7,6 @@ and write one run directory (see pdlab.experiment.runner) with a summary and a r
 from __future__ import annotations
 
 import itertools
-import json
 import shutil
 import statistics
 import threading
@@ -23,6 +22,7 @@ from pdlab.config.lab import EventSpec, LabSpec
 from pdlab.config.workload import MixedWorkload
 from pdlab.deploy import Deployment
 from pdlab.experiment.runner import ExperimentRun
+from pdlab.load import rundir
 from pdlab.load.prompts import PromptBuilder
 from pdlab.report.figures import sweep_figure
 from pdlab.settings import data_dir
@@ -161,7 +161,7 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
     finally:
         if sweep_rows:
             frame = pd.DataFrame(sweep_rows)
-            frame.to_csv(run.dir / "sweep.csv", index=False)
+            frame.to_csv(run.dir / rundir.SWEEP, index=False)
             setting = exp.sweep.setting if exp.sweep else "threshold"
             figures = [(f"Sweep of {setting}: {label}", sweep_figure(frame, x=setting, y=column))
                        for label, column in (("short-request ITL p99", "short_itl_p99_ms"),
@@ -195,13 +195,13 @@ def run_at_url(lab: LabSpec, url: str, *, model: str, model_dir: str | Path, sce
     return run.dir
 
 
-RECORDED_FILES = ("summary.json", "environment.json", "workload.json", "sweep.csv")
+RECORDED_FILES = (rundir.SUMMARY, rundir.ENVIRONMENT, rundir.WORKLOAD, rundir.SWEEP)
 
 
 def record_run(run_dir: Path) -> Path:
     """Copy a run's summary, environment and workload to data/results/<lab>/<run>/, for readers without the time
     or the hardware to run it (raw rows and the report stay in runs/). Never overwrites a recorded run."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.read_summary(run_dir)
     target = data_dir() / "results" / summary["lab"] / run_dir.name
     target.mkdir(parents=True, exist_ok=False)
     for name in RECORDED_FILES:

@@ -1,11 +1,6 @@
-"""Running a workload against one or more deployments and writing a run directory.
-
-    runs/<lab>/<timestamp>/
-        environment.json      machine, versions, git commit, load average at the start
-        workload.json         the workload spec as run
-        summary.json          per-scenario figures (pdlab.metrics.build_summary) + "complete" + KV figures
-        report.html           pdlab.report.write_report
-        <scenario>/schedule.jsonl, rows.csv, locust_*.csv, locust.log, kv.json
+"""Running a workload against one or more deployments and writing a run directory (its layout:
+pdlab.load.rundir): the environment and workload first, each scenario's schedule, rows and KV figures as it is
+measured, summary.json (pdlab.metrics.build_summary) after each, and the report at the end.
 
 A run directory is never reused: each run gets a fresh timestamped one. `summary.json` says `"complete": false`
 from the moment the directory exists until every scenario has finished, so a run that was interrupted or
@@ -22,8 +17,6 @@ crashed is marked as such, and still summarises what it measured.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +32,7 @@ from rich.console import Console
 from pdlab.config.lab import BASELINE
 from pdlab.config.workload import WorkloadSpec
 from pdlab.environment import capture
+from pdlab.load import rundir
 from pdlab.load.prompts import PromptBuilder
 from pdlab.load.rows import read_rows
 from pdlab.load.run import run_load
@@ -46,8 +40,7 @@ from pdlab.load.schedule import Workload, build_schedule, write_schedule
 from pdlab.metrics.kv import KVTransferStats, scrape_kv_transfer
 from pdlab.metrics.latency import DEFAULT_STALL_K
 from pdlab.metrics.summary import build_summary
-from pdlab.report.html import scenario_rows, write_report
-from pdlab.settings import runs_dir
+from pdlab.report.html import write_report
 
 
 class DeploymentLike(Protocol):
@@ -60,34 +53,11 @@ class DeploymentLike(Protocol):
     def urls(self, role: str) -> list[str]: ...
 
 
-def new_run_dir(lab: str, runs_root: str | Path | None = None) -> Path:
-    """A fresh `runs/<lab>/<timestamp>[-n]/` (created here, so two runs never share one)."""
-    base = Path(runs_root) if runs_root is not None else runs_dir()
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    (base / lab).mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        candidate = base / lab / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"no free run directory under {base / lab}")
-
-
 def _scrape_or_none(url: str) -> KVTransferStats | None:
     try:
         return scrape_kv_transfer(url)
     except httpx.HTTPError:
         return None
-
-
-def _fresh_dir(path: Path) -> Path:
-    """An explicitly named run directory: created if missing, refused if it already holds a run."""
-    path.mkdir(parents=True, exist_ok=True)
-    if (path / "summary.json").exists():
-        raise FileExistsError(f"{path} already holds a run (summary.json); pdlab never overwrites results")
-    return path
 
 
 class ExperimentRun:
@@ -102,13 +72,13 @@ class ExperimentRun:
         self.workload = workload
         self.stall_k = stall_k
         self.progress = progress
-        self.dir = new_run_dir(lab, runs_root) if run_dir is None else _fresh_dir(Path(run_dir))
+        self.dir = rundir.new_run_dir(lab, runs_root) if run_dir is None else rundir.fresh_run_dir(Path(run_dir))
         self.started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.scheduled: dict[str, int] = {}
         self.kv: dict[str, dict] = {}
         self.complete = False
         self._builders: dict[str, PromptBuilder] = {}
-        (self.dir / "environment.json").write_text(json.dumps(capture(), indent=2) + "\n")
+        rundir.write_json(self.dir / rundir.ENVIRONMENT, capture())
         self.set_workload(workload)
 
     def set_workload(self, workload: Workload) -> None:
@@ -117,8 +87,7 @@ class ExperimentRun:
         if self.scheduled:
             raise ValueError("the run's workload cannot change after a scenario was measured")
         self.workload = workload
-        spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
-        (self.dir / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
+        rundir.write_json(self.dir / rundir.WORKLOAD, TypeAdapter(WorkloadSpec).dump_python(workload, mode="json"))
         self.write_summary()
 
     def __enter__(self) -> ExperimentRun:
@@ -139,15 +108,14 @@ class ExperimentRun:
         out = self.dir / scenario
         out.mkdir(exist_ok=True)  # a Deployment may already keep its logs there
         if workload is not None:
-            spec = TypeAdapter(WorkloadSpec).dump_python(workload, mode="json")
-            (out / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
+            rundir.write_json(out / rundir.WORKLOAD, TypeAdapter(WorkloadSpec).dump_python(workload, mode="json"))
         workload = workload or self.workload
         with Console(stderr=True, quiet=not self.progress).status(f"{scenario}: building the schedule"):
             schedule = build_schedule(workload, self.builder(model_dir))
         if baseline:
             schedule = [item for item in schedule if item.cls != "long"]
         self.scheduled[scenario] = len(schedule)
-        schedule_path = write_schedule(schedule, out / "schedule.jsonl")
+        schedule_path = write_schedule(schedule, out / rundir.SCHEDULE)
         before = {url: _scrape_or_none(url) for url in kv_urls}
         result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
                           timeout_s=workload.timeout_s, progress=self.progress, label=scenario)
@@ -158,7 +126,7 @@ class ExperimentRun:
             moved = sum((after[url] - before[url] for url in counted), KVTransferStats())  # type: ignore[operator]
             self.kv[scenario] = {"instances": counted, "unreachable": sorted(set(kv_urls) - set(counted)),
                                  **moved.as_dict()}
-            (out / "kv.json").write_text(json.dumps(self.kv[scenario], indent=2) + "\n")
+            rundir.write_json(out / rundir.KV, self.kv[scenario])
         self.write_summary()
         return read_rows(result.rows_path)
 
@@ -172,11 +140,11 @@ class ExperimentRun:
         kv_urls = deployment.urls("decode") + deployment.urls("prefill") + deployment.urls("colocated")
         rows = self.measure(scenario, target, model=deployment.served_model, model_dir=deployment.model_dir,
                             baseline=baseline, kv_urls=kv_urls)
-        source = Path(getattr(deployment, "run_dir", "")) / "deployment.json"
+        source = Path(getattr(deployment, "run_dir", "")) / rundir.DEPLOYMENT.name
         if baseline and source.is_file():
             # The baseline borrows another scenario's deployment: say which, as every scenario does (the simulator's
             # validation replays a run on the deployment it ran on).
-            target = self.dir / scenario / "deployment" / "deployment.json"
+            target = self.dir / scenario / rundir.DEPLOYMENT
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
         return rows
@@ -189,8 +157,8 @@ class ExperimentRun:
 
     def summary(self) -> dict:
         """summary.json's content from whatever rows exist now."""
-        rows = {name: read_rows(self.dir / name / "rows.csv") for name in self.scheduled
-                if (self.dir / name / "rows.csv").exists()}
+        rows = {name: read_rows(self.dir / name / rundir.ROWS) for name in self.scheduled
+                if (self.dir / name / rundir.ROWS).exists()}
         scenarios = {name: frame for name, frame in rows.items() if name != BASELINE}
         figures = build_summary(scenarios, rows.get(BASELINE), self.stall_k, self.scheduled)
         for name in self.scheduled:  # a scenario stopped before its first row still shows its counts
@@ -203,11 +171,7 @@ class ExperimentRun:
                 **figures, "kv_transfer": self.kv}
 
     def write_summary(self) -> Path:
-        path = self.dir / "summary.json"
-        staging = path.with_suffix(".json.tmp")
-        staging.write_text(json.dumps(self.summary(), indent=2) + "\n")
-        os.replace(staging, path)  # never a half-written summary
-        return path
+        return rundir.write_json(self.dir / rundir.SUMMARY, self.summary())
 
     def finish(self, complete: bool, figures: list[tuple[str, go.Figure]] | None = None) -> Path:
         """Write the final summary (`complete` as given) and the report (plus `figures`); returns the run
@@ -232,10 +196,8 @@ class RunData:
 def read_run(run_dir: str | Path) -> RunData:
     """Read a run directory written by ExperimentRun."""
     run_dir = Path(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    env_file = run_dir / "environment.json"
-    return RunData(run_dir, summary, json.loads(env_file.read_text()) if env_file.exists() else {},
-                   scenario_rows(run_dir, summary))
+    summary = rundir.read_summary(run_dir)
+    return RunData(run_dir, summary, rundir.read_environment(run_dir), rundir.point_rows(run_dir, summary))
 
 
 def run_workload(base_url: str, workload: Workload, *, model: str, model_dir: str | Path, lab: str = "adhoc",

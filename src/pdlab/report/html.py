@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from pdlab.load.rows import read_rows
+from pdlab.load import rundir
 from pdlab.report.figures import itl_cdf_figure, timeline_figure, ttft_by_class_figure
 
 #: The figures the headline table shows, as (label, path into a scenario summary).
@@ -48,19 +47,13 @@ def headline_table(summary: dict) -> pd.DataFrame:
     return pd.DataFrame(table, index=[label for label, _ in HEADLINE])
 
 
-def scenario_rows(run_dir: Path, summary: dict) -> dict[str, pd.DataFrame]:
-    """Raw rows of every scenario of the run (and of the baseline) that wrote a rows file."""
-    names = list(summary.get("scenarios") or {}) + (["baseline"] if summary.get("baseline") else [])
-    return {name: read_rows(run_dir / name / "rows.csv") for name in names if (run_dir / name / "rows.csv").exists()}
-
-
 def write_report(run_dir: str | Path, figures: list[tuple[str, go.Figure]] | None = None) -> Path:
     """Write `run_dir/report.html` from `summary.json` and each scenario's `rows.csv`; `figures` adds more
     (title, figure) pairs, e.g. sweep curves. Returns the page's path."""
     run_dir = Path(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.read_summary(run_dir)
     stall_k = float(summary.get("stall_k") or 5.0)
-    rows = scenario_rows(run_dir, summary)
+    rows = rundir.point_rows(run_dir, summary)
     drawn: list[tuple[str, go.Figure]] = []
     if rows:
         has_short = any((frame["cls"] == "short").any() for frame in rows.values())
@@ -85,6 +78,6 @@ def write_report(run_dir: str | Path, figures: list[tuple[str, go.Figure]] | Non
         parts.append(f"<h2>{html.escape(title)}</h2>")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))  # the JS once, inlined
     parts.append("</body></html>")
-    out = run_dir / "report.html"
+    out = run_dir / rundir.REPORT
     out.write_text("\n".join(parts))
     return out
