@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -88,6 +89,37 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
                      if "--port 815" in " ".join(p.cmdline())]
         assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
         assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
+
+
+def make_argv(*args: str) -> list[str]:
+    """`make ARGS...` as a learner types it in the checkout, with this test run's venv when it is not the checkout's
+    own `.venv` (a second worktree sharing one)."""
+    venv = Path(sys.prefix)
+    own = (REPO / ".venv").resolve()
+    return ["make", *args, *([] if venv.resolve() == own else [f"VENV={venv}"])]
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """The quick demo, made once per test session: its run directory and what it printed."""
+
+    dir: Path
+    output: str
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """`make demo DEMO_ARGS='--quick --out DIR'`, as the README's first command with its quick flags, once per session
+    (the docs test checks what it printed and wrote; notebooks that read a demo run can use it), and nothing of it
+    left running afterwards."""
+    out = tmp_path_factory.mktemp("demo") / "run"
+    result = subprocess.run(make_argv("demo", f"DEMO_ARGS=--quick --out {out}"), cwd=REPO, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, f"make demo failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    leftovers = [p.cmdline() for p in pdlab_processes(str(out)) + pdlab_processes("vllm.entrypoints")
+                 if "--port 810" in " ".join(p.cmdline()) or str(out) in " ".join(p.cmdline())]
+    assert not leftovers, f"processes left after the demo: {leftovers}"
+    return DemoRun(out, result.stdout + result.stderr)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,8 @@ def test_a_lab_simulates_what_pdlab_run_measures_in_its_order(small_model: str) 
     # The load generator's own schedule: same times, lengths and classes, its `prefill_load` sized as `pdlab run`
     # sizes it, with the profile's price of a lone long prefill in place of the one timed on the machine.
     workload = lab.workload.model_copy(update={"duration_s": lab.experiment.quick_duration_s, "num_requests": None})
-    workload = workload.sized(lone_prefill_s(DEFAULT_LAB_PROFILE, workload.long_tokens))
+    workload = workload.sized(workload.mean_prefill_s(
+        {tokens: lone_prefill_s(DEFAULT_LAB_PROFILE, tokens) for tokens in workload.long_lengths()}))
     schedule = build_schedule(workload, PromptBuilder(small_model))
     assert [(r.at_s, r.prompt_tokens, r.output_tokens, r.cls) for r in requests] == \
         [(s.offset_s, s.prompt_tokens, s.max_tokens, s.cls) for s in schedule]

@@ -103,3 +103,23 @@ def test_the_load_is_sized_by_lone_prefills_timed_on_the_machine():
         sized = size_workload(spec, url, "pdlab-tiny", resolve("pdlab-tiny"))
     assert 0.15 <= sized.prefill_s < 0.5, sized
     assert sized.rate == pytest.approx(0.55 / (0.6 * sized.prefill_s), rel=1e-3)
+
+
+def test_a_long_tail_makes_a_share_of_the_long_prompts_longer_and_sizes_by_their_mean():
+    from pdlab.load.prompts import PromptBuilder
+    from pdlab.load.schedule import build_schedule
+    from pdlab.model import resolve
+
+    plain = MixedWorkload(rate=4.0, long_fraction=0.5, long_tokens=64, short_tokens=8, duration_s=60, seed=3)
+    tail = plain.model_copy(update={"long_tail": {"tokens": 96, "share": 0.25}})
+    tail = parse_workload(tail.model_dump(mode="json"))
+    builder = PromptBuilder(resolve("pdlab-tiny"))
+    before, after = build_schedule(plain, builder), build_schedule(tail, builder)
+    # the same arrivals and classes; a quarter of the long ones (by the seed) are the tail's length
+    assert [(r.offset_s, r.cls) for r in before] == [(r.offset_s, r.cls) for r in after]
+    longs = [r.prompt_tokens for r in after if r.cls == "long"]
+    assert set(longs) == {64, 96} and 0.15 < longs.count(96) / len(longs) < 0.35
+    assert tail.long_lengths() == {64: 0.75, 96: 0.25}
+    assert tail.mean_prefill_s({64: 0.2, 96: 0.6}) == pytest.approx(0.3)
+    with pytest.raises(ConfigError, match="share"):
+        parse_workload({"kind": "mixed", "rate": 1, "duration_s": 5, "long_tail": {"tokens": 96, "share": 1.5}})

@@ -49,7 +49,8 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
     if workload is None:
         raise LabError(f"lab {lab.name!r} has no `workload` to simulate")
     if isinstance(workload, MixedWorkload) and workload.needs_sizing:
-        workload = workload.sized(lone_prefill_s(profile, workload.long_tokens))
+        workload = workload.sized(workload.mean_prefill_s(
+            {tokens: lone_prefill_s(profile, tokens) for tokens in workload.long_lengths()}))
     builder = PromptBuilder(model_dir)
     schedule = build_schedule(workload, builder)
     caching = any(inst.engine.enable_prefix_caching for spec in lab.scenarios.values() for inst in spec.instances)

@@ -33,6 +33,15 @@ class ProbeSpec(Spec):
     """Tokens each probe generates."""
 
 
+class LongTail(Spec):
+    """Some long prompts much longer than the others: documents' lengths have a tail."""
+
+    tokens: int = Field(ge=2)
+    """Prompt length of these long requests, in tokens (BOS included)."""
+    share: float = Field(gt=0, lt=1)
+    """Share of the long requests that are this long instead of `long_tokens` (drawn per request with the seed)."""
+
+
 class _WorkloadBase(Spec):
     seed: int = 0
     """Seed for arrivals and prompt text: the same seed gives the same schedule, byte for byte."""
@@ -69,16 +78,20 @@ class MixedWorkload(_WorkloadBase):
     """Instead of `rate`: the share of one core's time that prefilling the long prompts takes on this machine (0.55:
     busy 55% of the time). Machines prefill at very different speeds (1.2 to 7 s for 3,000 tokens on the 2-core
     machines recorded in data/results/prefill/), so a fixed rate that keeps one machine's prefill core comfortably
-    busy saturates a slower one's. Before the first scenario, pdlab times lone prefills of `long_tokens` on the machine (`prefill_s`) and
-    sets `rate = prefill_load / (long_fraction * prefill_s)`; the run's workload.json records both."""
+    busy saturates a slower one's. Before the first scenario, pdlab times lone prefills of the long lengths on the
+    machine (`prefill_s`: their mean) and sets `rate = prefill_load / (long_fraction * prefill_s)`; the run's
+    workload.json records both."""
     prefill_s: float | None = Field(default=None, gt=0)
-    """Set by pdlab when it sizes a `prefill_load` workload: the measured seconds of one lone long prefill."""
+    """Set by pdlab when it sizes a `prefill_load` workload: the measured seconds of one lone long prefill (the mean
+    over the long lengths, weighted by their shares, with a `long_tail`)."""
     arrival: Arrival = "poisson"
     """`poisson`: exponential gaps (open-loop Poisson); `uniform`: evenly spaced arrivals."""
     short_tokens: int = Field(default=64, ge=2)
     """Prompt length of a short request, in tokens (BOS included)."""
     long_tokens: int = Field(default=DEFAULT_ROUTING_THRESHOLD, ge=2)
     """Prompt length of a long request, in tokens (BOS included)."""
+    long_tail: LongTail | None = None
+    """A share of the long requests that are longer still (`{tokens: 1536, share: 0.1}`)."""
     long_fraction: float = Field(default=0.1, ge=0, le=1)
     """Share of requests that are long (drawn per request with the seed)."""
     short_output_tokens: int = Field(default=128, ge=1)
@@ -95,6 +108,12 @@ class MixedWorkload(_WorkloadBase):
                 raise ValueError("`prefill_load` sizes the load by its long prompts: `long_fraction` must be > 0")
         return self
 
+    def long_lengths(self) -> dict[int, float]:
+        """The long prompts' lengths (tokens) and the share of the long requests each makes up."""
+        if self.long_tail is None:
+            return {self.long_tokens: 1.0}
+        return {self.long_tokens: 1.0 - self.long_tail.share, self.long_tail.tokens: self.long_tail.share}
+
     @property
     def needs_sizing(self) -> bool:
         """A `prefill_load` workload whose rate has not been set from a measured prefill yet."""
@@ -102,13 +121,18 @@ class MixedWorkload(_WorkloadBase):
 
     def sized(self, prefill_s: float) -> MixedWorkload:
         """This workload with `rate` set so that its long prompts keep one prefill core `prefill_load` busy, given
-        that one lone long prefill takes `prefill_s` seconds (measured, or a simulator's estimate)."""
+        that one lone long prefill takes `prefill_s` seconds on average (measured, or a simulator's estimate; see
+        `mean_prefill_s`)."""
         if self.prefill_load is None:
             raise ValueError("only a workload with `prefill_load` is sized")
         if prefill_s <= 0:
             raise ValueError(f"prefill_s must be > 0, got {prefill_s}")
         rate = self.prefill_load / (self.long_fraction * prefill_s)
         return self.model_copy(update={"rate": round(rate, 4), "prefill_s": round(prefill_s, 4)})
+
+    def mean_prefill_s(self, prefill_s_of: dict[int, float]) -> float:
+        """The mean lone prefill of a long request, from the lone prefill time of each long length."""
+        return sum(share * prefill_s_of[tokens] for tokens, share in self.long_lengths().items())
 
 
 class TraceWorkload(_WorkloadBase):

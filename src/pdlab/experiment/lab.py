@@ -46,26 +46,33 @@ SIZING_PREFILLS = 3
 
 def size_workload(workload: MixedWorkload, url: str, model: str, model_dir: str | Path,
                   console: Console | None = None) -> MixedWorkload:
-    """`workload` with its rate set from this machine's speed: time SIZING_PREFILLS lone prefills of
-    `long_tokens` (one at a time, a one-token answer, distinct prompts so no cache answers) at `url`, an instance
-    that prefills (colocated, or a NIXL prefill instance), and keep the median."""
+    """`workload` with its rate set from this machine's speed: time SIZING_PREFILLS lone prefills of each long
+    length (one at a time, a one-token answer, distinct prompts so no cache answers) at `url`, an instance that
+    prefills (colocated, or a NIXL prefill instance), and size the load with the median of each."""
     builder = PromptBuilder(model_dir)
-    times = []
+    lengths = workload.long_lengths()
+    medians: dict[int, float] = {}
     status = (console or Console(stderr=True)).status(
-        f"sizing the load: timing {SIZING_PREFILLS} lone {workload.long_tokens}-token prefills on this machine")
+        f"sizing the load: timing {SIZING_PREFILLS} lone prefills of "
+        f"{' and '.join(f'{n:,}' for n in lengths)} tokens on this machine")
     with status, httpx.Client(timeout=300) as client:
-        for i in range(SIZING_PREFILLS):
-            prompt = builder.prompt(workload.long_tokens, key=f"{workload.seed}/sizing/{i}")
-            started = time.perf_counter()
-            response = client.post(url + "/v1/completions", json={
-                "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True})
-            if response.status_code != 200:
-                raise LabError(f"sizing the load: {url} answered HTTP {response.status_code}: {response.text[:300]}")
-            times.append(time.perf_counter() - started)
-    sized = workload.sized(statistics.median(times))
+        for tokens in lengths:
+            times = []
+            for i in range(SIZING_PREFILLS):
+                prompt = builder.prompt(tokens, key=f"{workload.seed}/sizing/{tokens}/{i}")
+                started = time.perf_counter()
+                response = client.post(url + "/v1/completions", json={
+                    "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True})
+                if response.status_code != 200:
+                    raise LabError(f"sizing the load: {url} answered HTTP {response.status_code}: "
+                                   f"{response.text[:300]}")
+                times.append(time.perf_counter() - started)
+            medians[tokens] = statistics.median(times)
+    sized = workload.sized(workload.mean_prefill_s(medians))
     if console is not None:
-        console.print(f"load sized for this machine: a lone {workload.long_tokens}-token prefill takes "
-                      f"{sized.prefill_s:.2f} s, so {workload.prefill_load:.0%} prefill load is "
+        each = ", ".join(f"{n:,} tokens {s:.2f} s" for n, s in medians.items())
+        console.print(f"load sized for this machine: a lone long prefill takes {sized.prefill_s:.2f} s on average "
+                      f"({each}), so {workload.prefill_load:.0%} prefill load is "
                       f"{sized.rate * workload.long_fraction:.2f} long prompts/s ({sized.rate:.2f} requests/s in all)")
     return sized
 

@@ -92,11 +92,15 @@ def _mixed(spec: MixedWorkload, builder: PromptBuilder) -> list[_Draft]:
         raise ValueError(f"this workload gives `prefill_load: {spec.prefill_load}` and no rate yet: size it first with "
                          "a measured prefill (pdlab.experiment.lab.size_workload, or MixedWorkload.sized)")
     classes = seeded_rng(spec.seed, "classes")
+    lengths = seeded_rng(spec.seed, "long lengths")  # its own stream: a tail changes no arrival and no class
     drafts = []
     for i, t in enumerate(_arrivals(spec.rate, spec.arrival == "poisson", spec.seed, spec.duration_s,
                                     spec.num_requests)):
         long = classes.random() < spec.long_fraction
-        tokens = spec.long_tokens if long else spec.short_tokens
+        tokens = spec.short_tokens
+        if long:
+            tail = spec.long_tail is not None and lengths.random() < spec.long_tail.share
+            tokens = spec.long_tail.tokens if tail and spec.long_tail else spec.long_tokens
         prompt = builder.prompt(tokens, key=f"{spec.seed}/mixed/{i}", api=spec.api)
         drafts.append(_Draft(t, i, {"cls": "long" if long else "short", "prompt": prompt, "prompt_tokens": tokens,
                                     "max_tokens": spec.long_output_tokens if long else spec.short_output_tokens}))
