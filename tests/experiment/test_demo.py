@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -123,3 +124,18 @@ def test_a_long_tail_makes_a_share_of_the_long_prompts_longer_and_sizes_by_their
     assert tail.mean_prefill_s({64: 0.2, 96: 0.6}) == pytest.approx(0.3)
     with pytest.raises(ConfigError, match="share"):
         parse_workload({"kind": "mixed", "rate": 1, "duration_s": 5, "long_tail": {"tokens": 96, "share": 1.5}})
+
+
+def test_readmes_table_is_what_its_record_gives():
+    """README's headline table equals what the recorded demo run it names gives (regenerate it with
+    `python -m pdlab.report.readme RECORD`, never by hand), and that record is a complete demo run with its
+    environment."""
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    assert render(readme, REPO) == readme, "README's headline table differs from its record: regenerate it"
+    record = REPO / re.search(r"<!-- headline: (\S+) -->", readme).group(1)
+    assert record.parent.parent == REPO / "data" / "results" / "hol-blocking"
+    summary = json.loads(record.read_text())
+    assert summary["complete"] and (record.parent / "environment.json").is_file()
+    assert set(summary["scenarios"]) == {"colocated", "colocated_chunked", "disaggregated"}
