@@ -131,13 +131,15 @@ dep.stop()  # stops it only if this notebook started it
 # router's own strategy code and the prompts' block hashes, in a fraction of a second.
 
 # %%
-from pdlab.calibration.lab import points_frame, simulate_lab
+from pdlab.calibration.lab import lab_profile, points_frame, simulate_lab
 from pdlab.config import load_lab
 from pdlab.model import resolve
 from pdlab.settings import repo_root
 
+profile, which = lab_profile()  # this machine's own where `pdlab sim probe` fitted one, else the shipped one
 strategies = simulate_lab(load_lab(repo_root() / "labs" / "routing-strategies.yaml"),
-                          model_dir=resolve("pdlab-small"))
+                          model_dir=resolve("pdlab-small"), profile=profile)
+print(which)
 points_frame(strategies)
 
 # %% [markdown]

@@ -56,12 +56,10 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # dozen requests, so its percentiles are estimates); the green band is +-10%. Hover a point for each of the three
 # runs' own value: where a point misses the band, do the runs agree with each other? This is the recorded validation;
 # `docs/simulator.md` says which points miss and why. To fit and validate the simulator on *your* machine, run
-# `pdlab sim sitting` in a terminal (about 1.5 hours on 2 cores; `--quick` tries the procedure in about 20 minutes)
-# and pass its `profile.json` to `pdlab sim validate` or a sim spec. Minutes get most of the way on a machine
-# that is just slower or faster: `pdlab bench prefill --lengths 64,256,1024,3000` in a terminal, then `pdlab sim
-# rescale --probe FILE` writes the shipped profile at your machine's speed, for `--profile` (on another CPU it
-# warns; `docs/simulator.md` says how close it came on one 3-4 times slower). Before running any lab for real,
-# `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
+# `pdlab sim probe` in a terminal: in about three minutes it times your machine's prefills, decode steps, mixed
+# steps and KV transfers and fits the simulator's profile to them; `pdlab sim lab` and these notebooks then use
+# it and say so. (`pdlab sim sitting`, about 1.5 hours on 2 cores, fits one from whole runs.) Before running any
+# lab for real, `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
 
 # %%
 from pdlab.calibration.validate import latest_validation
@@ -81,6 +79,7 @@ validation_figure(recorded)
 from pdlab.course_widgets import sim_table, sim_variant
 from pdlab.model.catalog import load_catalog
 from pdlab.sim.scenario import simulate
+from pdlab.sim.worth import worth
 
 catalog = load_catalog()
 pools = spec.pools
@@ -90,6 +89,7 @@ results = {
     f"{instances} colocated": simulate(sim_variant(spec, prefill=0, decode=instances, **settings), catalog=catalog)[0],
     f"{pools.prefill}P{pools.decode}D": simulate(spec, catalog=catalog)[0],
 }
+print("what these figures are worth:", worth(spec).text)
 sim_table(results).round(3)
 
 # %% [markdown]

@@ -27,6 +27,7 @@ from pdlab.metrics.summary import scenario_summary
 from pdlab.model.catalog import Catalog, load_catalog
 from pdlab.router.strategies import STRATEGIES
 from pdlab.sim.scenario import simulate
+from pdlab.sim.worth import worth
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ class SimPanel:
         paths, stalls = self.summary["paths"], self.summary["stalls"]
         self.status.value = (f"{paths['disaggregated']} requests disaggregated, {paths['direct']} direct; "
                              f"{stalls['count']} stalls > {stalls['threshold_ms']:g} ms; "
-                             f"{self.summary['unfinished']} unfinished")
+                             f"{self.summary['unfinished']} unfinished<br><small>what these figures are worth: "
+                             f"{html.escape(worth(spec).text)}</small>")
         return self.summary
 
 

@@ -23,39 +23,40 @@ app = typer.Typer(help="Fit and validate the simulator.", no_args_is_help=True)
 @app.command("lab")
 def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.yaml) with `scenarios`."),
             scenario: list[str] = typer.Option(None, "--scenario", help="Only this scenario (repeatable)."),
-            profile: str = typer.Option(None, help="Cost profile: a shipped name or a profile JSON (default: "
-                                        "pdlab-small-fitted, fitted through the simulator on this tier's runs)."),
+            profile: str = typer.Option(None, help="Cost profile: a shipped name, a profile JSON or `machine` "
+                                        "(default: this machine's, where `pdlab sim probe` fitted one, else "
+                                        "pdlab-small-fitted, fitted through the simulator on its calibration "
+                                        "machine's runs)."),
             quick: bool = typer.Option(False, help="The lab's short load (`pdlab run --quick`)."),
             seeds: int = typer.Option(VALIDATION_SEEDS, min=1, help="Simulations per point, each percentile "
                                       "averaged over them."),
             as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Simulate what `pdlab run LAB.yaml` would measure (each scenario, sweep value and the baseline) on the same
     schedule, in seconds: a preview of the lab, and what `pdlab sim validate` later compares the run with."""
-    from pdlab.calibration.lab import DEFAULT_LAB_PROFILE, simulate_lab
+    from pdlab.calibration.lab import lab_profile, simulate_lab
     from pdlab.config import load_lab
     from pdlab.experiment.lab import LabError
     from pdlab.model import ModelError, resolve
-    from pdlab.sim.scenario import resolve_profile
 
     try:
         lab = load_lab(lab_path)
-        resolve_profile(Path(profile or DEFAULT_LAB_PROFILE))
+        profile, which = lab_profile(profile)
         first = next(iter(lab.scenarios.values()), None)
         model_dir = resolve(first.model.name, make=False) if first is not None else ""
         start = time.perf_counter()
         with console.status(f"simulating {lab.name} ...") as status:
-            points = simulate_lab(lab, model_dir=model_dir, profile=profile or DEFAULT_LAB_PROFILE, quick=quick,
+            points = simulate_lab(lab, model_dir=model_dir, profile=profile, quick=quick,
                                   only=scenario or (), seeds=seeds, progress=lambda what: status.update(what))
     except (ConfigError, LabError, ModelError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     if as_json:
-        print(json.dumps({"lab": lab.name, "profile": profile or DEFAULT_LAB_PROFILE, "quick": quick,
+        print(json.dumps({"lab": lab.name, "profile": profile, "profile_note": which, "quick": quick,
                           "points": points}, indent=2))
         return
     table = Table(Column("point", no_wrap=True), "class", "requests", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
                   show_edge=False,
-                  title=f"{lab.name}, simulated (ms; {profile or DEFAULT_LAB_PROFILE}, mean of {seeds} seeds)")
+                  title=f"{lab.name}, simulated (ms; mean of {seeds} seeds)")
     for name, point in points.items():
         for cls, metrics in point.items():
             if isinstance(metrics, dict):
@@ -69,6 +70,7 @@ def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.y
     events = " Timed events (instance kills) are not simulated." if lab.experiment.events else ""
     console.print(f"simulated in {time.perf_counter() - start:.1f} s; measure it with `pdlab run {lab_path}`, then "
                   f"compare with `pdlab sim validate runs/{lab.name}/RUN/SCENARIO ...`.{events}")
+    console.print(which, soft_wrap=True)
 
 
 @app.command("calibrate")
@@ -472,3 +474,124 @@ def steps_cmd(runs: list[Path] = typer.Argument(..., help="Measured run director
                   "context (summed over the batch) and duration; model: the profile's median price for the measured "
                   "steps. Where ms and model agree the profile prices the steps right; where the tokens per batch "
                   "size differ the simulation formed other batches.")
+
+
+@app.command("published")
+def published_cmd(setups: list[Path] = typer.Argument(None, help="Published setups (default: every "
+                                                      "labs/sim/published/*.yaml)."),
+                  out: Path = typer.Option(None, help="JSON to write every point and summary to (default: a new "
+                                           "file under runs/sim-published/)."),
+                  record: bool = typer.Option(False, "--record", help="Also file it under data/results/sim-published/ "
+                                              "(a new file)."),
+                  detail: bool = typer.Option(True, help="Print every point (--no-detail: one line per setup).")
+                  ) -> None:
+    """Simulate the P/D papers' published setups (labs/sim/published/) and print each point's error beside its
+    published figure: how far the GPU tier is from measurements it was not fitted on."""
+    from pdlab.benchmarks import results
+    from pdlab.calibration.published import load_setup, validate_setup
+    from pdlab.environment import capture
+    from pdlab.model.catalog import load_catalog
+    from pdlab.settings import repo_root, runs_dir
+
+    paths = setups or sorted((repo_root() / "labs" / "sim" / "published").glob("*.yaml"))
+    try:
+        results.ensure_new(out)
+        catalog = load_catalog()
+        compared = [validate_setup(load_setup(path), catalog) for path in paths]
+    except (ConfigError, ValueError, FileExistsError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    summary = Table("setup", "points", "median error %", "max %", "within 10%", show_edge=False,
+                    title="simulated vs published (labs/sim/published/)")
+    for result in compared:
+        if detail:
+            table = Table("measure", "prompt", "batch", "published ms", "simulated ms", "error %", "note",
+                          title=f"{result['name']}: {result['hardware']}, {result['model']}", show_edge=False)
+            for row in result["points"]:
+                table.add_row(row["measure"].removesuffix("_ms"), f"{row['prompt_tokens']:,}", str(row["batch"]),
+                              fmt_ms(row["published_ms"]), fmt_ms(row["simulated_ms"]), f"{row['error_pct']:+.1f}",
+                              row["note"][:30])
+            console.print(table)
+        summary.add_row(result["name"], str(result["count"]), f"{result['median_error_pct']:.1f}",
+                        f"{result['max_error_pct']:.1f}", f"{result['within_10pct']}/{result['count']}")
+    console.print(summary)
+    out = out or results.new_path(runs_dir() / "sim-published", f"{results.stamp()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": "pdlab sim published " + " ".join(map(str, paths)), "setups": compared,
+                               "environment": capture(include_busy=False)}, indent=1) + "\n")
+    console.print(f"written: {out}")
+    if record:
+        console.print(f"recorded: {results.record('sim-published', out, f'{results.stamp()}.json')}")
+
+
+@app.command("probe")
+def probe_cmd(lab: Path = typer.Option(Path("labs/local-1p1d-router.yaml"), help="Lab whose deployment (a prefill "
+                                       "and a decode instance with a router) the probe brings up."),
+              start: str = typer.Option("pdlab-small-fitted", help="Profile the fit moves to this machine."),
+              from_probe: Path = typer.Option(None, "--from", help="Fit a recorded probe.json instead of measuring."),
+              out: Path = typer.Option(None, help="Directory to write probe.json and profile.json (default: "
+                                       "runs/sim-probe/<timestamp>/)."),
+              record: bool = typer.Option(False, "--record", help="Also file both under data/results/sim-probe/ (a new "
+                                          "directory named as the probe's)."),
+              quick: bool = typer.Option(False, help="Fewer, shorter points (a trial of the procedure, for tests).")
+              ) -> None:
+    """Measure this machine in about three minutes (lone prefills, decode steps at several batches and contexts,
+    mixed steps, the KV transfer beside an idle and a busy sender) and fit its profile: the shipped one rescaled
+    where its shape holds, its terms refitted where not. `pdlab sim lab` uses it from then on."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pdlab.benchmarks import results
+    from pdlab.benchmarks.prefill import ProbeError
+    from pdlab.calibration.machine import MachineFitError, fit_and_write, load_probe
+    from pdlab.calibration.probe import measure
+    from pdlab.sim.scenario import probe_dir, resolve_profile
+
+    out = out or results.new_path(probe_dir(), results.stamp())
+    try:
+        resolve_profile(Path(start))  # a wrong name costs nothing
+        if from_probe is not None:
+            probe = load_probe(from_probe)
+        else:
+            console.print(f"probing this machine: {lab}'s deployment, then about a minute and a half of requests")
+            with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                          console=console) as bar:
+                task = bar.add_task("starting the deployment", total=1.0)
+                probe = measure(lab, console=console, quick=quick,
+                                progress=lambda what, done: bar.update(task, description=what, completed=done))
+            console.print(f"measured in {probe['total_s']:.0f} s (deployment up in {probe['startup_s']:.0f} s)")
+        written = fit_and_write(probe, start=start, out=out, probe_path=from_probe, record=record)
+    except (ProbeError, MachineFitError, ConfigError, FileExistsError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    _print_machine_fit(written["profile"])
+    console.print("written: " + ", ".join(written["paths"]) + "\n`pdlab sim lab LAB.yaml` now uses this machine's "
+                  "profile (`--profile machine` anywhere a profile is named)")
+
+
+def _print_machine_fit(profile: dict) -> None:
+    machine = profile["machine"]
+    table = Table("part", "point", "measured ms", f"{machine['from']} ms", "this machine ms", "error %",
+                  title="the probe, priced before and after the fit", show_edge=False)
+    for group, label in (("decode", lambda p: f"batch {p['batch']}, context {p['context_tokens']:,}"),
+                         ("prefill", lambda p: f"{p['prompt_tokens']:,} tokens")):
+        for point in machine[group]["points"]:
+            table.add_row(f"{group} step" if group == "decode" else "lone prompt", label(point),
+                          fmt_ms(point["measured_ms"]), fmt_ms(point["before_ms"]), fmt_ms(point["after_ms"]),
+                          f"{point['error_after_pct']:+.1f}")
+    for point in machine["mixed"]:
+        table.add_row("mixed step", f"{point['chunk_tokens']:,} beside {point['streams']}",
+                      fmt_ms(point["measured_ms"]), "", fmt_ms(point["priced_ms"]), f"{point['error_pct']:+.1f}")
+    console.print(table)
+    for group, what in (("decode", "decode step (its constant, per sequence, per context token)"),
+                        ("prefill", "prefill (per token, per attention pair, per chunk square)")):
+        fit = machine[group]
+        factors = (f"x{fit['factor']:.2f}" + (f", attention x{fit['attention_factor']:.2f}"
+                                              if fit.get("attention_factor", fit["factor"]) != fit["factor"] else ""))
+        console.print(f"{what}: {fit['decision']} ({factors}; one factor left the probe within "
+                      f"{fit['rescaled_error_pct']['max']:.1f}%, the fit within {fit['error_after_pct']['max']:.1f}%)")
+    transfer = machine["transfer"]
+    if "bandwidth_gbps" in transfer:
+        console.print(f"loopback beside an idle sender: {transfer['bandwidth_gbps']:.1f} Gbit/s"
+                      + (f"; a busy sender served reads every {transfer['sender_wake_ms']:.0f} ms on average (CV "
+                         f"{transfer['sender_wake_cv']:.2f}, {transfer['sender_gaps']} gaps)"
+                         if "sender_wake_ms" in transfer else "; too few busy-sender gaps seen: kept the profile's"))

@@ -23,12 +23,34 @@ from pdlab.settings import (
     VALIDATION_SEEDS,
     VLLM_CPU_BLOCK_SIZE,
 )
-from pdlab.sim.costs import ServingOverheads, chunk_attention, load_profile
+from pdlab.sim.costs import ServingOverheads, load_profile
 from pdlab.sim.scenario import build, prepare, resolve_profile, summarize_requests
 from pdlab.sim.workload import arrivals
 
-#: The profile a local lab is simulated with unless told otherwise: the one fitted through the simulator.
+#: The profile a local lab is simulated with where this machine has none of its own (`pdlab sim probe`): the one
+#: fitted through the simulator on its calibration machine.
 DEFAULT_LAB_PROFILE = "pdlab-small-fitted"
+
+
+def lab_profile(profile: str | None = None) -> tuple[str, str]:
+    """The profile a local lab is simulated with, and a line saying which and what its figures are worth:
+    `profile` where given, else this machine's own (the newest `pdlab sim probe` fitted here), else the shipped
+    DEFAULT_LAB_PROFILE."""
+    from datetime import datetime
+
+    from pdlab.sim.scenario import machine_profile
+    from pdlab.sim.worth import local_worth
+
+    if profile is None and (mine := machine_profile()) is not None:
+        probed = datetime.strptime(mine.parent.name[:15], "%Y%m%d-%H%M%S").strftime("%Y-%m-%d %H:%M")
+        chosen, which = str(mine), f"this machine's profile (`pdlab sim probe`, {probed}: {mine})"
+    else:
+        chosen = profile or DEFAULT_LAB_PROFILE
+        which = f"profile {chosen}" + ("" if profile else " (this machine has none of its own: `pdlab sim probe` "
+                                                         "fits one in about three minutes)")
+    return chosen, f"simulated with {which}; {local_worth(resolve_profile(Path(chosen))).text}"
+
+
 @dataclass(frozen=True)
 class SimulatedPoint:
     """A point of the lab (`LabSpec.points`) as a sim spec."""
@@ -66,10 +88,13 @@ def lab_requests(lab: LabSpec, *, model_dir: str, quick: bool = False, duration_
 
 
 def lone_prefill_s(profile: str, tokens: int) -> float:
-    """The profile's price of one lone prefill of `tokens` (as one step: the local tier's budget is 2,048)."""
+    """What the profile says one lone prefill of `tokens` takes to its first token, as `pdlab run` times it to size
+    the load (one request on an idle instance: the request's way in, the admission window and every chunk's step,
+    the chunk's premium included; `pdlab.calibration.calibrate.probe_ttft`)."""
+    from pdlab.calibration.calibrate import probe_ttft
+
     cost, data = load_profile(resolve_profile(Path(profile)))
-    overheads = ServingOverheads.from_json(data.get("overheads"))
-    return cost.step_time(tokens, chunk_attention(tokens, 0), 0, 0) + overheads.request_s
+    return probe_ttft(cost, ServingOverheads.from_json(data.get("overheads")), tokens)
 
 
 def _block_size(lab: LabSpec) -> int:
@@ -104,13 +129,14 @@ def lab_points(lab: LabSpec, requests: Sequence[SimRequestSpec], *, profile: str
     return simulated
 
 
-def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str = DEFAULT_LAB_PROFILE, quick: bool = False,
+def simulate_lab(lab: LabSpec, *, model_dir: str, profile: str | None = None, quick: bool = False,
                  duration_s: float | None = None, only: Sequence[str] = (), seeds: int = VALIDATION_SEEDS,
                  progress: Callable[[str], None] = lambda _: None) -> dict[str, dict]:
     """Per point (`lab_points`): the requests sent, the requests preempted and, per class, their count and p50 and
     p99 TTFT and ITL, each averaged over `seeds` simulations (as `pdlab sim validate` does: step jitter and a busy
-    sender's wake-ups are random)."""
+    sender's wake-ups are random). `profile`: `lab_profile`'s choice where not given."""
     _needs_scenarios(lab)
+    profile = profile or lab_profile()[0]
     requests = lab_requests(lab, model_dir=model_dir, quick=quick, duration_s=duration_s, profile=profile)
     out = {}
     for point in lab_points(lab, requests, profile=profile, only=only):

@@ -117,16 +117,25 @@ def rescaled(profile: dict[str, Any], factor: float, attention_factor: float | N
     moved = copy.deepcopy(profile)
     moved["coefficients"] = [float(c) * (attention_factor if name in ATTENTION_FEATURES else factor)
                              for name, c in zip(profile["features"], profile["coefficients"], strict=True)]
-    overheads = moved.get("overheads") or {}
-    for name in _TIMED_OVERHEADS:
-        if name in overheads:
-            overheads[name] = float(overheads[name]) * factor
-    for name in _TIMED_OVERHEAD_LISTS:
-        if name in overheads:
-            overheads[name] = [float(q) * factor for q in overheads[name]]
-    if isinstance(overheads.get("admission_ms"), dict):
-        overheads["admission_ms"] = {role: float(ms) * factor for role, ms in overheads["admission_ms"].items()}
+    if "overheads" in moved:
+        moved["overheads"] = scaled_overheads(moved["overheads"], factor)
     return moved
+
+
+def scaled_overheads(overheads: dict[str, Any], factor: float) -> dict[str, Any]:
+    """A copy of a profile's `overheads` with every time in them (the request's way in and its share per stream,
+    the hand-off, the step jitter, the admission windows) multiplied by `factor`; flags, ratios and the busy
+    sender's wake-ups (not the model's arithmetic) kept."""
+    out = copy.deepcopy(overheads)
+    for name in _TIMED_OVERHEADS:
+        if name in out:
+            out[name] = float(out[name]) * factor
+    for name in _TIMED_OVERHEAD_LISTS:
+        if name in out:
+            out[name] = [float(q) * factor for q in out[name]]
+    if isinstance(out.get("admission_ms"), dict):
+        out["admission_ms"] = {role: float(ms) * factor for role, ms in out["admission_ms"].items()}
+    return out
 
 
 def rescale_profile(profile_path: Path, probe_path: Path, *, profile_name: str) -> dict[str, Any]:

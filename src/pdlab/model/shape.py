@@ -40,6 +40,9 @@ class ModelShape(Spec):
     intermediate_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     tie_word_embeddings: bool = False
+    mlp_matrices: int = Field(default=3, ge=2, le=3)
+    """Weight matrices of a layer's MLP: 3 for a gated one (gate, up, down: Llama, Qwen), 2 for a plain one (up,
+    down: the OPT models of the P/D papers' setups, labs/sim/published/)."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
     """Bytes per weight and KV element: 2 for bf16 (a GPU's default), 4 for the local float32 models."""
     source: str = ""
@@ -74,9 +77,9 @@ class ModelShape(Spec):
 
     @cached_property
     def layer_params(self) -> int:
-        """Weights of one decoder layer's matrix products: q, k, v, o projections and the gated MLP (3 matrices)."""
+        """Weights of one decoder layer's matrix products: q, k, v, o projections and the MLP (`mlp_matrices`)."""
         h = self.hidden_size
-        return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + 3 * h * self.intermediate_size
+        return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + self.mlp_matrices * h * self.intermediate_size
 
     @cached_property
     def params(self) -> int:

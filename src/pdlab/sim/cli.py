@@ -78,6 +78,8 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
     summary["elapsed_s"] = time.perf_counter() - start
+    worth = validated(spec)
+    summary["validated"] = worth.__dict__
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -92,6 +94,7 @@ def run(spec_path: Path = typer.Argument(..., help="A sim spec YAML (see docs/si
                   f"goodput {summary['goodput']['rps']:.2f} req/s ({summary['goodput']['attainment']:.0%} within SLO), "
                   f"paths {summary['paths']}, preemptions {summary['preemptions']}, "
                   f"simulated in {summary['elapsed_s']:.2f} s")
+    console.print(f"what these figures are worth: {worth.text}", soft_wrap=True)
 
 
 @app.command("search")
@@ -110,8 +113,9 @@ def search_cmd(spec_path: Path = typer.Argument(..., help="A sim spec YAML with 
     except ValueError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(code=2) from None
+    worth = validated(spec)
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({**result, "validated": worth.__dict__}, indent=2))
         return
     table = Table("pools", "SLO attainment", "goodput req/s", "short TTFT p99", "long TTFT p99", "short ITL p99",
                   *(["max rate req/s"] if find_rate else []), title=f"{gpus} GPUs, {result['rate_rps']} req/s")
@@ -124,3 +128,14 @@ def search_cmd(spec_path: Path = typer.Argument(..., help="A sim spec YAML with 
     best = result["best"]
     console.print(f"best: {', '.join(f'{k} {v}' for k, v in best['pools'].items())} "
                   f"({best['attainment']:.1%} of requests within the SLOs, {best['goodput_rps']:.2f} req/s goodput)")
+    console.print(f"what these figures are worth: {worth.text}", soft_wrap=True)
+
+
+def validated(spec):  # type: ignore[no-untyped-def]
+    """The spec's `pdlab.sim.worth` line; a record that cannot be read says so rather than failing the run."""
+    from pdlab.sim.worth import Worth, worth
+
+    try:
+        return worth(spec)
+    except (OSError, ValueError, KeyError) as error:
+        return Worth(False, f"not validated (the validation records could not be read: {error})")

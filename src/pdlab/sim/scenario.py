@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +15,7 @@ from pdlab.config.base import ConfigError
 from pdlab.config.sim import SimEngine, SimSpec
 from pdlab.model.catalog import Catalog, Hardware, Link, catalog_dir, load_catalog
 from pdlab.model.shape import ModelShape
-from pdlab.settings import data_dir
+from pdlab.settings import data_dir, runs_dir
 from pdlab.sim.costs import (
     ForwardPassCost,
     RooflineCost,
@@ -62,10 +65,48 @@ def profile_dirs() -> tuple[Path, ...]:
     return catalog_dir() / "profiles", data_dir() / "results" / "gpu"
 
 
+#: The name that stands for this machine's own profile (`pdlab sim probe`), wherever a profile is named.
+MACHINE_PROFILE = "machine"
+
+
+def probe_dir() -> Path:
+    """Where `pdlab sim probe` writes (a directory per probe: probe.json, profile.json)."""
+    return runs_dir() / "sim-probe"
+
+
+def same_machine(environment: dict | None) -> bool:
+    """Whether a recorded environment (`pdlab.environment.capture`) is a CPU of this machine's kind and size: the
+    same family, model and instruction set, as many cores."""
+    from pdlab.environment import cpu_identity
+
+    if not environment or not environment.get("cpu"):
+        return False
+    here, there = cpu_identity(), environment["cpu"]
+    facts = ("family", "model", "isa", "implementer", "part")
+    return (all(here.get(f) == there.get(f) for f in facts) and bool(here)
+            and environment.get("cpu_count") == os.cpu_count())
+
+
+def machine_profile() -> Path | None:
+    """This machine's profile: the newest `pdlab sim probe` fitted on a CPU of this machine's kind and size
+    (`probe_dir()`), or None where none was."""
+    for path in sorted(probe_dir().glob("*/profile.json"), reverse=True):
+        with contextlib.suppress(OSError, ValueError):
+            if same_machine(json.loads(path.read_text()).get("environment")):
+                return path
+    return None
+
+
 def resolve_profile(path: Path) -> Path:
-    """A profile path as given, else a shipped name (`pdlab-small-vllm-cpu`, `Llama-3.1-70B-NVIDIA-H200-tp2`)."""
+    """A profile path as given, else a shipped name (`pdlab-small-vllm-cpu`, `Llama-3.1-70B-NVIDIA-H200-tp2`), or
+    `machine`: this machine's (`machine_profile`)."""
     if path.exists():
         return path
+    if str(path) == MACHINE_PROFILE:
+        if (found := machine_profile()) is None:
+            raise ConfigError("profile", [(MACHINE_PROFILE, "this machine has no profile yet: `pdlab sim probe` "
+                                                            "measures it and fits one (about three minutes)")])
+        return found
     for folder in profile_dirs():
         shipped = folder / f"{path.name}.json"
         if len(path.parts) == 1 and shipped.exists():  # a bare name (model names hold dots: no suffix test)
