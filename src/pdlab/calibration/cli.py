@@ -527,6 +527,8 @@ def published_cmd(setups: list[Path] = typer.Argument(None, help="Published setu
 @app.command("probe")
 def probe_cmd(lab: Path = typer.Option(Path("labs/local-1p1d-router.yaml"), help="Lab whose deployment (a prefill "
                                        "and a decode instance with a router) the probe brings up."),
+              deployment: str = typer.Option(None, help="Probe this running `pdlab up` deployment (a prefill and a "
+                                             "decode instance with a router) instead of starting the lab's."),
               start: str = typer.Option("pdlab-small-fitted", help="Profile the fit moves to this machine."),
               from_probe: Path = typer.Option(None, "--from", help="Fit a recorded probe.json instead of measuring."),
               out: Path = typer.Option(None, help="Directory to write probe.json and profile.json (default: "
@@ -552,13 +554,15 @@ def probe_cmd(lab: Path = typer.Option(Path("labs/local-1p1d-router.yaml"), help
         if from_probe is not None:
             probe = load_probe(from_probe)
         else:
-            console.print(f"probing this machine: {lab}'s deployment, then about a minute and a half of requests")
+            where = f"deployment {deployment}" if deployment else f"{lab}'s deployment"
+            console.print(f"probing this machine: {where}, then about a minute and a half of requests")
             with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                           console=console) as bar:
                 task = bar.add_task("starting the deployment", total=1.0)
-                probe = measure(lab, console=console, quick=quick,
+                probe = measure(lab, deployment=deployment, console=console, quick=quick,
                                 progress=lambda what, done: bar.update(task, description=what, completed=done))
-            console.print(f"measured in {probe['total_s']:.0f} s (deployment up in {probe['startup_s']:.0f} s)")
+            up = f" (deployment up in {probe['startup_s']:.0f} s)" if not deployment else ""
+            console.print(f"measured in {probe['total_s']:.0f} s{up}")
         written = fit_and_write(probe, start=start, out=out, probe_path=from_probe, record=record)
     except (ProbeError, MachineFitError, ConfigError, FileExistsError) as error:
         console.print(f"[red]error:[/red] {error}")

@@ -223,7 +223,7 @@ def probe(router_url: str, prefill_url: str, decode_url: str, *, prefill_pid: in
     fewer and shorter points, on any model."""
     rng = random.Random(seed)
     lengths = (16, 64, 128) if quick else PREFILL_LENGTHS
-    cells = (DecodeCell((16,)), DecodeCell((16,) * 3)) if quick else DECODE_CELLS
+    cells = (DecodeCell((16,)), DecodeCell((128,)), DecodeCell((16,) * 3)) if quick else DECODE_CELLS
     mixed = ((2, 64),) if quick else MIXED_CELLS
     mixed_repeats = 1 if quick else MIXED_REPEATS
     transfer_repeats = 1 if quick else TRANSFER_REPEATS
@@ -258,30 +258,40 @@ def probe(router_url: str, prefill_url: str, decode_url: str, *, prefill_pid: in
                          "summary": transfer.summarize(trials), "trials": trials}}
 
 
-def measure(lab_path: Path, *, console: Any = None, progress: Callable[[str, float], None] = lambda what, done: None,
-            quick: bool = False) -> dict[str, Any]:
-    """Bring up `lab_path`'s deployment (a 1P1D pair with a router), probe it, stop it; the result with the
-    deployment's name, its start-up time and the environment."""
+def measure(lab_path: Path, *, deployment: str | None = None, console: Any = None,
+            progress: Callable[[str, float], None] = lambda what, done: None, quick: bool = False) -> dict[str, Any]:
+    """Bring up `lab_path`'s deployment (a 1P1D pair with a router), probe it, stop it; or probe the running
+    `deployment` (`pdlab up`'s name) and leave it running. The result with the deployment's name, its start-up time
+    (0 for a running one) and the environment."""
     from pdlab.config import load_lab
     from pdlab.deploy import Deployment
     from pdlab.deploy.launcher import DeployError
     from pdlab.environment import capture
 
-    lab = load_lab(lab_path)
-    spec = lab.deployment
-    if spec is None or spec.router is None or not spec.by_role("prefill") or not spec.by_role("decode"):
-        raise ProbeError(f"{lab_path}: the probe needs a deployment of a prefill and a decode instance with a "
-                         "router, such as labs/local-1p1d-router.yaml")
+    def on(dep: Deployment, what: str) -> dict[str, Any]:
+        spec = dep.spec
+        if spec.router is None or not dep.router_url or not dep.urls("prefill") or not dep.urls("decode"):
+            raise ProbeError(f"{what}: the probe needs a deployment of a prefill and a decode instance with a "
+                             "router, such as labs/local-1p1d-router.yaml")
+        sender = next(inst for inst in dep.instances if inst.spec.role == "prefill")
+        watch = [core for inst in dep.instances if inst.spec.role == "decode" for core in inst.spec.cores]
+        return probe(dep.router_url, dep.urls("prefill")[0], dep.urls("decode")[0], prefill_pid=sender.pid,
+                     watch_cores=watch, threshold=spec.router.threshold, quick=quick, progress=progress)
+
     began = time.perf_counter()
     try:
-        with Deployment(spec, console=console) as dep:
-            up_s = time.perf_counter() - began
-            sender = next(inst for inst in dep.instances if inst.spec.role == "prefill")
-            watch = [core for inst in dep.instances if inst.spec.role == "decode" for core in inst.spec.cores]
-            result = probe(dep.router_url, dep.urls("prefill")[0], dep.urls("decode")[0], prefill_pid=sender.pid,
-                           watch_cores=watch, threshold=spec.router.threshold, quick=quick, progress=progress)
+        if deployment is not None:
+            dep = Deployment.attach(deployment)
+            up_s, source, result = 0.0, f"deployment {deployment}", on(dep, f"deployment {deployment!r}")
+        else:
+            spec = load_lab(lab_path).deployment
+            if spec is None:
+                raise ProbeError(f"{lab_path}: the lab has no deployment; the probe needs a prefill and a decode "
+                                 "instance with a router, such as labs/local-1p1d-router.yaml")
+            with Deployment(spec, console=console) as dep:
+                up_s, source = time.perf_counter() - began, str(lab_path)
+                result = on(dep, str(lab_path))
     except DeployError as error:
         raise ProbeError(str(error)) from None
-    return {"benchmark": "sim-probe", "lab": str(lab_path), "deployment": spec.name, "startup_s": up_s,
+    return {"benchmark": "sim-probe", "lab": source, "deployment": dep.spec.name, "startup_s": up_s,
             "total_s": time.perf_counter() - began, **result, "environment": capture()}
-
