@@ -55,11 +55,11 @@ print(spec.model_dump_json(indent=1, include={"hardware", "model", "link", "pool
 # runs of the same load pooled together; the bars span the measured value's 95% sampling interval (a run has a few
 # dozen requests, so its percentiles are estimates); the green band is +-10%. Hover a point for each of the three
 # runs' own value: where a point misses the band, do the runs agree with each other? This is the recorded validation;
-# `docs/simulator.md` says which points miss and why. To fit and validate the simulator on *your* machine, run
-# `pdlab sim probe` in a terminal: in about three minutes it times your machine's prefills, decode steps, mixed
-# steps and KV transfers and fits the simulator's profile to them; `pdlab sim lab` and these notebooks then use
-# it and say so. (`pdlab sim sitting`, about 1.5 hours on 2 cores, fits one from whole runs.) Before running any
-# lab for real, `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
+# `docs/dev/simulator-calibration.md` says which points miss and why. To fit and validate the simulator on *your*
+# machine, run `pdlab sim probe` in a terminal: in about three minutes it times your machine's prefills, decode
+# steps, mixed steps and KV transfers and fits the simulator's profile to them; `pdlab sim lab` and these notebooks
+# then use it and say so. (`pdlab sim sitting`, about 1.5 hours on 2 cores, fits one from whole runs.) Before
+# running any lab for real, `pdlab sim lab labs/hol-blocking.yaml` shows what it should measure, simulated in a second.
 
 # %%
 from pdlab.calibration.validate import latest_validation

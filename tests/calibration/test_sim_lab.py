@@ -167,7 +167,7 @@ def test_a_prefix_caching_run_is_replayed_with_its_prompts_hashes(tmp_path: Path
 def test_a_cache_set_in_blocks_is_each_pools_own_and_the_preemptions_are_counted() -> None:
     """labs/kv-pressure.yaml: the tight scenarios' caches are 24 blocks of vLLM's CPU size, the P/D scenario's on
     its decode instance only; at the speed of the host its runs were measured on, both preempt, as vLLM did
-    there (docs/simulator.md, "KV pressure, measured"), and the roomy cache does not."""
+    there (docs/dev/simulator-calibration.md, "KV pressure, measured"), and the roomy cache does not."""
     lab = load_lab(LABS / "kv-pressure.yaml")
     model_dir = resolve(lab.scenarios["roomy"].model.name, make=False)
     points = {p.name: p.spec for p in lab_points(lab, lab_requests(lab, model_dir=model_dir, quick=True))}

@@ -13,8 +13,8 @@ speed touches all alike), with `prompts` prompts of `tokens` tokens each:
 A queued condition's time runs from the first prompt sent to the last prefill answer. Each round's ratio to its own
 `alone` is what counts (medians and extremes over rounds). The simulator's ratios for `queued` and `queued-pd`
 come beside them (the profile's price of the same prompts, one at a time and together): where the measured ratio
-is higher, back-to-back prefills cost more than the profile says (docs/simulator.md, "Long ITL p99 at threshold
-2,048"), and the `beside` conditions say whether the decode instance's work is the cause.
+is higher, back-to-back prefills cost more than the profile says (docs/dev/simulator-calibration.md, "Long ITL p99
+at threshold 2,048"), and the `beside` conditions say whether the decode instance's work is the cause.
 """
 
 from __future__ import annotations

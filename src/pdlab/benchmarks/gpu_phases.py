@@ -2,7 +2,8 @@
 batch x context for Llama-shaped layers (random bf16 weights), and fit a simulator cost profile from them.
 
 Its CPU mode (`--device cpu --quick`, a few seconds with pdlab-small) runs the same code path in the test suite.
-The profiles it recorded on an H200 are under data/results/gpu/ (docs/simulator.md, "GPU cost profiles").
+The profiles it recorded on an H200 are under data/results/gpu/ (docs/dev/simulator-calibration.md, "GPU cost
+profiles").
 
     python -m pdlab.benchmarks.gpu_phases --model Llama-3.1-8B --layers 4 --repeats 10   # 6-12 s on an H200
     python -m pdlab.benchmarks.gpu_phases --model Llama-3.1-70B --tensor-parallel 2 --layers 4 --repeats 10 --record

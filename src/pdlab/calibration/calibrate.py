@@ -135,7 +135,7 @@ def step_jitter(runs_rows: list[list], points: int = 101, min_group: int = 20) -
     runs (so one unusual run does not dominate). Unclipped: the rare long pauses (the machine's other work, a
     garbage collection) are part of what sets a real p99. Clipping each run's outer 1%, as pdlab did before, made
     the shipped profile's top quantile +7.2 ms where the runs reach +14.4, and scored worse on its own calibration
-    runs (eight-seed objective 0.0602, unclipped 0.0570; docs/simulator.md)."""
+    runs (eight-seed objective 0.0602, unclipped 0.0570; docs/dev/simulator-calibration.md)."""
     import numpy as np
 
     per_run = []
@@ -189,7 +189,7 @@ _RESTARTS = 3
 #: Multiples of the searched wake-up mean tried, everything else held, before the restarts. Nelder-Mead's first
 #: simplex steps each coordinate by 5% of itself, which in log space is 2% for a mean near 0.7 s: from 400 ms the
 #: search ended at 393 ms, where the calibration runs are best matched near 700 (with the screen: 563 ms and a
-#: smaller error; `docs/simulator.md`).
+#: smaller error; `docs/dev/simulator-calibration.md`).
 _WAKE_SCREEN = (0.5, 0.7, 1.0, 1.4, 2.0)
 
 

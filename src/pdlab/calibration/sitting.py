@@ -3,8 +3,8 @@ fit it and validate it.
 
 The simulator describes the machine it was calibrated on, at that machine's speed on the day: a 2-core laptop's
 speed moves 10-20% between sessions (more on a shared machine), so calibration runs, probes and validation runs
-must come from one sitting (docs/simulator.md). A sitting is a fixed list of pdlab commands, each a child process
-that starts and stops its own deployment:
+must come from one sitting (docs/dev/simulator-calibration.md). A sitting is a fixed list of pdlab commands, each a
+child process that starts and stops its own deployment:
 1. the prefill probe (`pdlab bench prefill`, one request at a time on an idle instance), which the fit adds;
 2. the labs, interleaved so that a drift of the machine's speed touches both sides alike: calibration run i,
    hol-blocking run i, threshold-sweep run i, for i = 1..max(calibration runs, validation runs);

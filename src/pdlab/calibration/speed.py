@@ -15,7 +15,7 @@ The KV transfer is left as it was (the loopback link and the sender's wake-ups):
 vLLM's NIXL transfers took 440-660 ms, about what they took on the calibration machine (185-546 ms), while scaled
 with the steps the simulator put them at 1.7-2.9 s; copying memory and a thread getting its core are not the
 model's arithmetic. The rest of the profile's shape, what a sitting fits, is kept, and the profile records which
-CPU facts differ (docs/simulator.md has what rescaling did to a validation).
+CPU facts differ (docs/dev/simulator-calibration.md has what rescaling did to a validation).
 """
 
 from __future__ import annotations
