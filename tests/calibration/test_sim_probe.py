@@ -134,3 +134,32 @@ def test_the_probe_measures_every_part_on_a_real_pd_pair_and_its_fit_says_what_i
     profile = fit_machine(SHIPPED, probe_json)
     assert profile["machine"]["decode"]["decision"] in ("rescaled", "refitted")
     assert profile["link"]["bandwidth_gbps"] > 0
+
+
+def test_each_recorded_probe_reproduces_its_fit_and_the_validation_of_the_run_after_it() -> None:
+    """data/results/sim-probe/<stamp>/ records `pdlab sim probe --record` (probe.json, profile.json) taken right
+    before a run of the demo lab (shipped in data/sim-runs/hol-blocking/), and that run validated with the probe's
+    profile (validation.json): fitting the probe again gives the same profile, and replaying the run gives the same
+    numbers (the simulator is seeded). What a probed profile's figures are worth (`pdlab.sim.worth`) quotes it."""
+    from pdlab.calibration.validate import validate_runs
+    from pdlab.settings import data_dir
+    from pdlab.sim.worth import local_worth
+
+    root = data_dir().parent
+    records = sorted((data_dir() / "results" / "sim-probe").glob("*/validation.json"))
+    assert records, "no recorded probe validation"
+    for path in records:
+        recorded = json.loads(path.read_text())
+        profile = json.loads((path.parent / "profile.json").read_text())
+        probe_json = json.loads((path.parent / "probe.json").read_text())
+        again = fit_machine({"name": "pdlab-small-fitted", **SHIPPED}, probe_json)
+        assert again["coefficients"] == pytest.approx(profile["coefficients"], rel=1e-9)
+        replay = validate_runs([root / r["run"] for r in recorded["runs"]], root / recorded["profile"],
+                               model=recorded["model"], seeds=recorded["seeds"])
+        for old, new in zip(recorded["runs"], replay["runs"], strict=True):
+            for key, e in old["errors"].items():
+                assert new["errors"][key]["simulated"] == pytest.approx(e["simulated"], rel=1e-6), (old["run"], key)
+                assert new["errors"][key]["measured"] == pytest.approx(e["measured"], rel=1e-9), (old["run"], key)
+        assert replay["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
+    worth = local_worth(path.parent / "profile.json")
+    assert worth.validated and worth.median_error_pct == pytest.approx(recorded["median_error_pct"])
