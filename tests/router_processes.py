@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from pdlab.config.router import RouterSpec
+from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy.process import ManagedProcess, serving
 from pdlab.router.process import router_command
 
@@ -32,11 +32,17 @@ def standin(port: int, log_dir: Path, *flags: str) -> contextlib.AbstractContext
     return running(argv, url(port) + "/health", log_dir / f"standin-{port}.log")
 
 
-def router(port: int, log_dir: Path, tokenizer_dir: str, prefill: list[int], decode: list[int],
-           env: dict[str, str] | None = None, **spec: object) -> contextlib.AbstractContextManager[ManagedProcess]:
-    argv = router_command(RouterSpec(port=port, **spec), [url(p) for p in prefill], [url(p) for p in decode], MODEL,
-                          tokenizer_dir, None, 16)
-    return running(argv, url(port) + "/health", log_dir / f"router-{port}.log", env=env)
+def router(port: int, log_dir: Path, tokenizer_dir: str, prefill: list[int | str], decode: list[int | str],
+           env: dict[str, str] | None = None, upstreams: dict[str, object] | None = None, ready: str = "/health",
+           **spec: object) -> contextlib.AbstractContextManager[ManagedProcess]:
+    """A pdlab router on `port` in front of stand-ins (ports, or URLs), with `spec`'s RouterSpec fields and
+    `upstreams`' RouterUpstreams fields; up once `ready` answers 200 (`/health` answers 503 while no instance can
+    serve: `/v1/models` for a router started in front of dead ones)."""
+    argv = router_command(RouterSpec(port=port, **spec), RouterUpstreams(
+        prefill=[url(p) if isinstance(p, int) else p for p in prefill],
+        decode=[url(p) if isinstance(p, int) else p for p in decode], model=MODEL, tokenizer=tokenizer_dir,
+        **(upstreams or {})))
+    return running(argv, url(port) + ready, log_dir / f"router-{port}.log", env=env)
 
 
 def metric(base_url: str, name: str, **labels: str) -> float:

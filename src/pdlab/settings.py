@@ -102,6 +102,8 @@ def runs_dir() -> Path:
 #: Response headers the router adds, so experiments can check how each request was routed.
 PATH_HEADER = "x-pdlab-path"
 """`disaggregated` or `direct`."""
+REASON_HEADER = "x-pdlab-reason"
+"""Why the router took that path (`over_threshold`, `cached_prefix`, `decode_empty`, ...: docs/router.md)."""
 PROMPT_TOKENS_HEADER = "x-pdlab-prompt-tokens"
 """The prompt's token count as the router measured it with the served model's tokenizer."""
 PREFILL_REPLICA_HEADER = "x-pdlab-prefill"

@@ -115,10 +115,13 @@ def router_options(argv: list[str]) -> dict[str, list[str]]:
 
 
 def assert_router_matches(router: dict[str, list[str]], data: dict) -> None:
-    spec = data["deployment"]["router"]
-    assert router["threshold"] == [str(spec["threshold"])]
-    assert router["prefill-strategy"] == [spec["prefill_strategy"]]
-    assert router["decode-strategy"] == [spec["decode_strategy"]]
+    """The rendered options carry the lab's router settings (an option left out is at RouterSpec's default)."""
+    from pdlab.config.router import RouterSpec
+
+    spec, default = data["deployment"]["router"], RouterSpec()
+    assert router.get("threshold", [str(default.threshold)]) == [str(spec["threshold"])]
+    assert router.get("prefill-strategy", [default.prefill_strategy]) == [spec["prefill_strategy"]]
+    assert router.get("decode-strategy", [default.decode_strategy]) == [spec["decode_strategy"]]
     assert router["model"] == [data["deployment"]["model"]["name"]]
     assert len(router["prefill"]) == data["cluster"]["prefill"]["replicas"]
     assert len(router["decode"]) == data["cluster"]["decode"]["replicas"]
@@ -331,6 +334,8 @@ def test_router_names_the_decode_receivers_lmcache_listens_on(lab: Path, target:
 
     import typer
 
+    from pdlab.config.options import spec_from_options
+    from pdlab.config.router import RouterUpstreams
     from pdlab.router.cli import app as router_app
 
     files = render(plan_of(raw(lab)), target)
@@ -350,7 +355,8 @@ def test_router_names_the_decode_receivers_lmcache_listens_on(lab: Path, target:
                 files["decode.sh"].splitlines() if "run on each of" in line][0]
     params = typer.main.get_command(router_app).commands["serve"].make_context("serve", argv[3:]).params
     assert params["kv_protocol"] == "lmcache"
-    assert [int(p) for p in params["lmcache_init_ports"].split(",")] == decode_config["pd_peer_init_port"]
-    assert [int(p) for p in params["lmcache_alloc_ports"].split(",")] == decode_config["pd_peer_alloc_port"]
+    upstreams = spec_from_options(RouterUpstreams, params)
+    assert upstreams.lmcache_init_ports == decode_config["pd_peer_init_port"]
+    assert upstreams.lmcache_alloc_ports == decode_config["pd_peer_alloc_port"]
     assert decode_config["pd_peer_host"] == "0.0.0.0"  # so the replica's own name reaches its receiver
     assert [urlsplit(u).hostname for u in params["decode"]] == pods  # receiver host = each decode URL's host

@@ -39,7 +39,7 @@ def client(base):
     with httpx.Client(base_url=base, timeout=10.0) as c:
         yield c
         c.put("/admin/config", json={"threshold": 4096, "fallback": "fallback", "prefill_strategy": "roundrobin",
-                                     "decode_strategy": "roundrobin"}, headers=ADMIN)
+                                     "decode_strategy": "roundrobin", "threshold_basis": "prompt"}, headers=ADMIN)
 
 
 def set_config(client: httpx.Client, **settings) -> dict:
@@ -137,6 +137,12 @@ BAD_INPUTS = [
     ("prompt over context", {"model": MODEL, "prompt": "word " * 9000}, "prompt", "context_length_exceeded"),
     ("bad stream flag", {"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream", "invalid_type"),
     ("batch prompt", {"model": MODEL, "prompt": ["a", "b"]}, "prompt", "invalid_prompt"),
+    # Client input that used to reach a 500: a body nested deeper than Python's parser recurses, a lone surrogate
+    # (the tokenizer cannot take it), chat_template_kwargs of the wrong shape (below, with the chat inputs).
+    ("nested 100,000 deep", b'{"model": "pdlab-tiny", "prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000
+     + b"}", None, "invalid_json"),
+    ("lone surrogate", b'{"model": "pdlab-tiny", "prompt": "a \\ud800 b"}', "prompt", "invalid_prompt"),
+    ("prompt far over context", {"model": MODEL, "prompt": "x" * 300_000}, "prompt", "context_length_exceeded"),
 ]
 
 
@@ -163,6 +169,10 @@ def test_bad_input_is_refused_before_any_upstream_call(client, name, body, param
     ({"model": MODEL, "messages": [{"role": "user", "content": "x " * 9000}]}, "messages"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -5},
      "max_completion_tokens"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": ["a"]},
+     "chat_template_kwargs"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": 1}},
+     "chat_template_kwargs"),
 ])
 def test_bad_chat_input(client, body, param):
     before = upstream_requests()
@@ -187,8 +197,8 @@ def test_admin_requires_the_bearer_token(client, headers):
 
 def test_admin_get_and_put_apply_at_once(client):
     assert client.get("/admin/config", headers=ADMIN).json() == {
-        "threshold": 4096, "prefill_strategy": "roundrobin", "decode_strategy": "roundrobin", "fallback": "fallback",
-        "kv_protocol": "nixl"}
+        "threshold": 4096, "threshold_basis": "prompt", "prefill_strategy": "roundrobin",
+        "decode_strategy": "roundrobin", "fallback": "fallback", "serve_from_prefill": None, "kv_protocol": "nixl"}
     assert complete(client).headers[PATH_HEADER] == "direct"
     updated = set_config(client, threshold=0, decode_strategy="leastloaded")
     assert updated["threshold"] == 0 and updated["decode_strategy"] == "leastloaded"
@@ -201,6 +211,10 @@ def test_admin_get_and_put_apply_at_once(client):
     ({"threshold": -1}, "threshold"), ({"threshold": "many"}, "threshold"),
     ({"prefill_strategy": "random"}, "prefill_strategy"), ({"fallback": "maybe"}, "fallback"),
     ({"thresold": 10}, "thresold"),
+    # Strictly typed and bounded: no coercion of strings or booleans, no absurd values.
+    ({"threshold": "100"}, "threshold"), ({"threshold": True}, "threshold"), ({"threshold": 10**30}, "threshold"),
+    ({"threshold": 1.5}, "threshold"), ({"serve_from_prefill": "yes"}, "serve_from_prefill"),
+    ({"threshold_basis": "cached"}, "threshold_basis"),
 ])
 def test_admin_put_validates_and_names_the_field(client, update, field):
     response = client.put("/admin/config", json=update, headers=ADMIN)
@@ -213,12 +227,27 @@ def test_admin_put_validates_and_names_the_field(client, update, field):
 def test_admin_put_malformed_body(client):
     assert client.put("/admin/config", content=b"{", headers=ADMIN).status_code == 400
     assert client.put("/admin/config", json=[1], headers=ADMIN).status_code == 400
+    deep = client.put("/admin/config", content=b'{"threshold": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+                      headers=ADMIN)
+    assert deep.status_code == 400 and deep.json()["error"]["code"] == "invalid_json"
+    big = client.put("/admin/config", content=b'{"threshold": 1, "x": "' + b"y" * 100_000 + b'"}', headers=ADMIN)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/nowhere", 404), ("POST", "/v1/embeddings", 404),
+                                                         ("GET", "/v1/completions", 405),
+                                                         ("DELETE", "/admin/config", 405)])
+def test_unknown_paths_and_methods_get_openai_errors(client, method, path, status):
+    response = client.request(method, path)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
 
 
 def test_admin_disabled_without_a_token(tmp_path, model_dir):
     """No token in the spec or the environment: the admin API refuses and says how to set one."""
     env = {ADMIN_TOKEN_ENV: ""}
-    with router(18104, tmp_path, model_dir, [], [18199], env=env):
+    with router(18104, tmp_path, model_dir, [], [18199], env=env, ready="/v1/models"):
         response = httpx.get(url(18104) + "/admin/config", headers={"Authorization": "Bearer anything"})
     assert response.status_code == 403
     message = response.json()["error"]["message"]

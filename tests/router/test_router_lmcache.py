@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from pdlab.config.router import LMCacheReceiverPorts, RouterSpec
+from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy.process import ManagedProcess
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV, DECODE_REPLICA_HEADER, PATH_HEADER, PREFILL_REPLICA_HEADER
@@ -60,9 +60,9 @@ def receiver(host: str, port: int, log_dir: Path) -> contextlib.AbstractContextM
 
 def lmcache_router(port: int, log_dir: Path, model_dir: str, prefill: list[str], decode: list[str],
                    kv_protocol: str = "lmcache", **spec: object) -> contextlib.AbstractContextManager[ManagedProcess]:
-    ports = LMCacheReceiverPorts(init_ports=INIT_PORTS, alloc_ports=ALLOC_PORTS) if kv_protocol == "lmcache" else None
-    argv = router_command(RouterSpec(port=port, threshold=THRESHOLD, kv_protocol=kv_protocol, **spec), prefill,
-                          decode, MODEL, model_dir, None, 16, ports)
+    ports = {"lmcache_init_ports": INIT_PORTS, "lmcache_alloc_ports": ALLOC_PORTS} if kv_protocol == "lmcache" else {}
+    argv = router_command(RouterSpec(port=port, threshold=THRESHOLD, kv_protocol=kv_protocol, **spec),
+                          RouterUpstreams(prefill=prefill, decode=decode, model=MODEL, tokenizer=model_dir, **ports))
     return running(argv, url(port) + "/health", log_dir / f"router-{port}.log", env={ADMIN_TOKEN_ENV: TOKEN})
 
 
@@ -185,7 +185,8 @@ def test_prefill_down_or_failing_falls_back_to_direct(tmp_path, model_dir):
     decode = at(HOST_FALLBACK, DECODE_A)
     with receiver(HOST_FALLBACK, DECODE_A, tmp_path), sender(FAILING_PREFILL, tmp_path, "--fail-every", "1"), \
             lmcache_router(FALLBACK_ROUTER, tmp_path, model_dir, [at(HOST_A, NOTHING_LISTENS)], [decode]), \
-            lmcache_router(FAILING_ROUTER, tmp_path, model_dir, [at(HOST_A, FAILING_PREFILL)], [decode]):
+            lmcache_router(FAILING_ROUTER, tmp_path, model_dir, [at(HOST_A, FAILING_PREFILL)], [decode],
+                           retries=0, breaker_failures=10):  # the policy alone (retries: test_router_resilience)
         for router_port, reason in ((FALLBACK_ROUTER, "prefill_down"), (FAILING_ROUTER, "prefill_error")):
             for stream in (False, True):
                 request_id = f"lmcache-fallback-{router_port}-{stream}"
@@ -197,7 +198,11 @@ def test_prefill_down_or_failing_falls_back_to_direct(tmp_path, model_dir):
                 assert response.headers["x-pdlab-fallback"] == "prefill-unavailable"
                 [decoded] = by_request_id(decode, request_id)
                 assert decoded["kv"] == "local"  # nothing was pushed: decode prefilled it itself
-            assert metric(url(router_port), "pdlab_router_fallbacks_total", reason=reason) == 2
+            fallbacks = [metric(url(router_port), "pdlab_router_fallbacks_total", reason=why)
+                         for why in (reason, "breaker_open")]
+            # A prefill replica nothing listens on may be known down (its breaker opened by a health check)
+            # before a request tries it.
+            assert sum(fallbacks) == 2 and (reason == "prefill_down" or fallbacks == [2, 0]), fallbacks
 
 
 def test_a_nixl_router_is_refused_by_an_lmcache_sender(tmp_path, model_dir):
@@ -232,23 +237,23 @@ def test_sender_standin_refuses_a_malformed_disagg_spec(pd, kv_transfer_params, 
 
 
 def test_router_command_carries_the_protocol_and_ports():
-    ports = LMCacheReceiverPorts(init_ports=[7300, 7301], alloc_ports=[7400, 7401])
-    argv = router_command(RouterSpec(kv_protocol="lmcache"), ["http://p:1"], ["http://d:1"], "m", "/m", None, 16,
-                          ports)
-    joined = " ".join(argv)
-    assert "--kv-protocol lmcache --lmcache-init-ports 7300,7301 --lmcache-alloc-ports 7400,7401" in joined
+    upstreams = RouterUpstreams(prefill=["http://p:1"], decode=["http://d:1"], model="m", tokenizer="/m",
+                                lmcache_init_ports=[7300, 7301], lmcache_alloc_ports=[7400, 7401])
+    joined = " ".join(router_command(RouterSpec(kv_protocol="lmcache"), upstreams))
+    assert "--lmcache-init-ports 7300 --lmcache-init-ports 7301" in joined
+    assert "--lmcache-alloc-ports 7400 --lmcache-alloc-ports 7401" in joined and "--kv-protocol lmcache" in joined
     # Unset follows the router's default (nixl): no protocol flag at all.
-    assert "--kv-protocol" not in router_command(RouterSpec(), [], ["http://d:1"], "m", "/m", None, 16)
+    plain = RouterUpstreams(decode=["http://d:1"], model="m", tokenizer="/m")
+    assert "--kv-protocol" not in router_command(RouterSpec(), plain)
 
 
 @pytest.mark.parametrize(("flags", "named"), [
     (["--kv-protocol", "lmcache"], "--lmcache-init-ports"),
     (["--kv-protocol", "lmcache", "--lmcache-init-ports", "7300", "--lmcache-alloc-ports", "7400,7401"],
-     "alloc_ports"),
+     "--lmcache-alloc-ports"),
     (["--kv-protocol", "lmcache", "--lmcache-init-ports", "73x", "--lmcache-alloc-ports", "7400"],
      "--lmcache-init-ports"),
-    (["--kv-protocol", "nixl", "--lmcache-init-ports", "7300"], "--lmcache-init-ports"),
-    (["--kv-protocol", "mooncake"], "kv_protocol"),
+    (["--kv-protocol", "mooncake"], "kv-protocol"),
 ])
 def test_router_cli_refuses_incomplete_lmcache_options(model_dir, flags, named):
     result = subprocess.run([sys.executable, "-m", "pdlab.router", "serve", "--decode", "http://127.0.0.1:1",

@@ -7,8 +7,8 @@ import time
 
 import httpx
 
-from pdlab.config.router import RouterSpec
-from pdlab.router.process import router_command
+from pdlab.config.router import RouterSpec, RouterUpstreams
+from pdlab.router.process import router_command, router_env
 from pdlab.settings import ADMIN_TOKEN_ENV, DECODE_REPLICA_HEADER
 from tests.router_processes import MODEL, metric, router, standin, url
 
@@ -40,16 +40,43 @@ def test_strategies_choose_decode_replicas_live(tmp_path, model_dir):
 
 
 def test_router_command_argv():
-    argv = router_command(RouterSpec(port=18999, threshold=7, decode_strategy="kvaware"), ["http://p:1"],
-                          ["http://d:1", "http://d:2"], "m", "/models/m", 2048, 32)
+    upstreams = RouterUpstreams(prefill=["http://p:1"], decode=["http://d:1", "http://d:2"], model="m",
+                                tokenizer="/models/m", max_model_len=2048, block_size=32)
+    argv = router_command(RouterSpec(port=18999, threshold=7, decode_strategy="kvaware"), upstreams)
     assert argv[:4] == [sys.executable, "-m", "pdlab.router", "serve"]
     joined = " ".join(argv)
     assert "--threshold 7" in joined and "--decode-strategy kvaware" in joined and "--block-size 32" in joined
     assert "--decode http://d:1 --decode http://d:2" in joined and "--max-model-len 2048" in joined
-    assert "--admin-token" not in argv  # from the environment unless the spec sets one
-    with_token = router_command(RouterSpec(admin_token="s3cret"), [], ["http://d:1"], "m", "/m", None, 16)
-    assert with_token[with_token.index("--admin-token") + 1] == "s3cret"
-    assert "--max-model-len" not in with_token and "--prefill" not in with_token
+    # The admin token never goes on a command line: the router reads it from its environment.
+    with_token = RouterSpec(admin_token="s3cret")
+    plain = RouterUpstreams(decode=["http://d:1"], model="m", tokenizer="/m")
+    assert "s3cret" not in " ".join(router_command(with_token, plain))
+    assert router_env(with_token, {})[ADMIN_TOKEN_ENV] == "s3cret"
+    assert "--max-model-len" not in router_command(with_token, plain) and "--prefill" not in router_command(
+        with_token, plain)
+
+
+def test_every_spec_field_is_a_serve_option_and_round_trips():
+    """`pdlab router serve`'s options are RouterSpec's and RouterUpstreams' fields (the secret excepted): a spec
+    written as a command line and parsed by the command comes back equal."""
+    import typer
+
+    from pdlab.config.options import cli_fields, option_name, spec_from_options
+    from pdlab.router.cli import app as router_app
+
+    serve = typer.main.get_command(router_app).commands["serve"]
+    options = {opt for param in serve.params for opt in param.opts}
+    for cls in (RouterSpec, RouterUpstreams):
+        for name in cli_fields(cls):
+            assert option_name(name) in options, name
+    assert "--admin-token" not in options
+    spec = RouterSpec(port=18999, threshold=7, threshold_basis="uncached", decode_strategy="kvaware",
+                      serve_from_prefill=False, retries=0, upstream_timeout_s=12.5, max_body_bytes=4096)
+    upstreams = RouterUpstreams(prefill=["http://p:1"], decode=["http://d:1", "http://d:2"], model="m",
+                                tokenizer="/models/m", max_model_len=2048, block_size=32)
+    params = serve.make_context("serve", router_command(spec, upstreams)[4:]).params
+    assert spec_from_options(RouterSpec, params) == spec
+    assert spec_from_options(RouterUpstreams, params) == upstreams
 
 
 def test_router_stops_promptly_with_a_stream_open(tmp_path, model_dir):

@@ -3,9 +3,11 @@ with it: completions with special tokens, chat through `apply_chat_template(add_
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from pdlab.router.tokens import PromptError, PromptTokenizer
+from pdlab.router.tokens import PromptError, PromptTokenizer, PromptTooLong
 
 PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog.", "  spaces\tand\nnewlines  ", "ünïcödé ✓ 数字",
            "word " * 500]
@@ -67,8 +69,55 @@ def test_bad_chat_messages(model_dir, messages, param):
 
 
 def test_cache_returns_the_same_count(model_dir):
-    tokenizer = PromptTokenizer(model_dir, cache_size=2)
+    tokenizer = PromptTokenizer(model_dir, cache_bytes=500)  # room for two short prompts
     first = tokenizer.completion("again and again")
     for text in ("x", "y", "z"):  # push it out of the cache
         tokenizer.completion(text)
     assert tokenizer.completion("again and again") == first
+
+
+def test_cache_is_bounded_in_bytes_and_keeps_no_prompt_text(model_dir):
+    """Distinct long prompts fill the cache only up to its byte budget; entries are keyed by a digest, so the
+    prompt text is not kept (a 5k-token prompt costs its 4-byte token ids, not its text and a tuple of ints)."""
+    budget = 256 * 1024
+    tokenizer = PromptTokenizer(model_dir, cache_bytes=budget)
+    for i in range(60):
+        tokenizer.completion(f"prompt {i} " + "many words in a long prompt " * 500)
+    assert 0 < tokenizer.cached_bytes <= budget
+    assert all(isinstance(key, bytes) and len(key) == 16 for key in tokenizer._cache)
+
+
+def test_a_prompt_over_the_context_is_never_cached_and_a_far_too_long_one_is_not_tokenized(model_dir):
+    tokenizer = PromptTokenizer(model_dir)
+    with pytest.raises(PromptTooLong, match="maximum context length is 100 tokens"):
+        tokenizer.completion("word " * 200, max_tokens=100)
+    assert tokenizer.cached_bytes == 0
+    huge = "x" * (100 * tokenizer.max_chars_per_token + 1)
+    calls = []
+    tokenizer._tokenizer = _Spy(tokenizer._tokenizer, calls)
+    with pytest.raises(PromptTooLong, match="at least"):
+        tokenizer.completion(huge, max_tokens=100)
+    assert calls == []  # refused by its length in characters alone
+
+
+class _Spy:
+    def __init__(self, inner, calls):
+        self.inner, self.calls = inner, calls
+
+    def encode(self, *args, **kwargs):
+        self.calls.append(args)
+        return self.inner.encode(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [["not", "an", "object"], {"messages": []}, {1: 2}, {"add_generation_prompt": [1]}])
+def test_bad_chat_template_kwargs_are_prompt_errors(model_dir, kwargs):
+    tokenizer = PromptTokenizer(model_dir)
+    try:
+        tokenizer.chat([{"role": "user", "content": "hi"}], kwargs)
+    except PromptError as error:
+        assert error.param in ("chat_template_kwargs", "messages")
+
+
+def test_a_lone_surrogate_is_a_prompt_error(model_dir):
+    with pytest.raises(PromptError, match="lone surrogate"):
+        PromptTokenizer(model_dir).completion(json.loads(r'"bad \ud800 text"'))

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import numpy as np
 import psutil
 import uvloop
 from rich.console import Console
 
-from pdlab.config.router import RouterSpec
+from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy.process import ManagedProcess, serving
 from pdlab.environment import capture
+from pdlab.router.admin import RouterAdmin
 from pdlab.router.process import router_command
 from pdlab.settings import ADMIN_TOKEN_ENV
 
@@ -106,12 +106,6 @@ def _cpu_seconds(proc: ManagedProcess | None) -> float:
     return times.user + times.system
 
 
-def _set_threshold(router_url: str, token: str, threshold: int) -> None:
-    response = httpx.put(f"{router_url}/admin/config", json={"threshold": threshold},
-                         headers={"Authorization": f"Bearer {token}"}, timeout=5.0)
-    response.raise_for_status()
-
-
 def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tokens: int = 4, base_port: int = 18500,
                      rounds: int = 5, console: Console | None = None) -> dict[str, Any]:
     """Start the stand-ins and routers, measure every target at each concurrency, write `out/router-overhead.json`.
@@ -128,8 +122,9 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
     vr_direct_url = f"http://{HOST}:{vr_direct_port}"
     token = os.urandom(12).hex()
     standin = [sys.executable, "-m", "pdlab.benchmarks.standin", "--host", HOST, "--model", MODEL, "--token-ms", "0"]
-    pdlab_argv = router_command(RouterSpec(port=router_port, threshold=0), [prefill_url], [decode_url], MODEL,
-                                tokenizer_dir, None, 16) + ["--log-level", "warning"]
+    pdlab_argv = router_command(RouterSpec(port=router_port, threshold=0), RouterUpstreams(
+        prefill=[prefill_url], decode=[decode_url], model=MODEL, tokenizer=tokenizer_dir)) + ["--log-level", "warning"]
+    admin = RouterAdmin(router_url, token)
     vr_exe = vllm_router_executable()
     result: dict[str, Any] = {
         "benchmark": "router-overhead",
@@ -197,7 +192,7 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
             for round_no in range(rounds):
                 for name, url in targets.items():
                     if name.startswith("pdlab"):
-                        _set_threshold(router_url, token, 1_000_000 if name == "pdlab_direct_path" else 0)
+                        admin.update(threshold=1_000_000 if name == "pdlab_direct_path" else 0)
                     router_proc = procs.get("pdlab" if name.startswith("pdlab") else name)
                     with console.status(f"concurrency {concurrency}, round {round_no + 1}/{rounds}: {name} ..."):
                         cpu_before = _cpu_seconds(router_proc)

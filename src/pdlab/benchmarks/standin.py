@@ -17,6 +17,8 @@ With `--lmcache-role` it plays one side of LMCache's P/D protocol instead of NIX
   (on `--host`), records each push, and serves a request whose prompt was pushed on every rank without prefilling
   it (`x-standin-kv: pushed`; otherwise `local`), matching by the prompt as LMCache matches by token hashes.
 
+Like vLLM, it aborts a request whose client goes away (stream or not), counted in `standin_aborted_total`.
+`PUT /standin/health {"ok": false}` makes `/health` answer 503 (a replica failing its health checks).
 `GET /standin/records` lists the generation requests a stand-in got (kv_transfer_params, max_tokens, stream, how
 its KV arrived) and the pushes it received, for tests to check.
 """
@@ -57,8 +59,10 @@ def build_app(args: argparse.Namespace) -> Starlette:
     running = Gauge("vllm:num_requests_running", "Requests running", ["model_name"], registry=registry)
     waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", ["model_name"], registry=registry)
     served = Counter("standin_requests", "Requests served", ["kind"], registry=registry)
+    aborted = Counter("standin_aborted", "Requests whose client left before the end, aborted (as vLLM aborts them)",
+                      ["stream"], registry=registry)
     waiting.labels(args.model).set(0)
-    state = {"requests": 0}
+    state: dict[str, Any] = {"requests": 0, "healthy": True}
     records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
     pushes: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
 
@@ -129,7 +133,11 @@ def build_app(args: argparse.Namespace) -> Starlette:
                                                           "owned_by": "pdlab-standin", "max_model_len": 8192}]})
 
     async def health(_: Request) -> Response:
-        return PlainTextResponse("")
+        return PlainTextResponse("") if state["healthy"] else PlainTextResponse("unhealthy", status_code=503)
+
+    async def set_health(request: Request) -> Response:
+        state["healthy"] = bool((await request.json()).get("ok", True))
+        return JSONResponse({"ok": state["healthy"]})
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
@@ -190,10 +198,17 @@ def build_app(args: argparse.Namespace) -> Starlette:
 
         if not body.get("stream"):
             running.labels(args.model).inc()
+            work = asyncio.ensure_future(asyncio.sleep(prefill_s + max(0, max_tokens - 1) * args.token_ms / 1000))
+            gone = asyncio.ensure_future(_disconnected(request))
             try:
-                await asyncio.sleep(prefill_s + max(0, max_tokens - 1) * args.token_ms / 1000)
+                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 running.labels(args.model).dec()
+                work.cancel()
+                gone.cancel()
+            if not work.done() or work.cancelled():
+                aborted.labels("false").inc()  # the client left: vLLM aborts such a request (with_cancellation)
+                return Response(status_code=499)
             text = " ".join(WORDS[i % len(WORDS)] for i in range(max_tokens))
             payload = {"id": request_id, "object": obj, "created": created, "model": args.model,
                        "choices": [choice_piece(0, text, "length", False)], "usage": usage,
@@ -226,6 +241,9 @@ def build_app(args: argparse.Namespace) -> Starlette:
                 if include_usage:
                     yield f"data: {json.dumps({'id': request_id, 'object': obj, 'choices': [], 'usage': usage})}\n\n"
                 yield "data: [DONE]\n\n"
+            except (asyncio.CancelledError, GeneratorExit):
+                aborted.labels("true").inc()
+                raise
             finally:
                 running.labels(args.model).dec()
 
@@ -239,9 +257,16 @@ def build_app(args: argparse.Namespace) -> Starlette:
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/standin/records", records_view),
+        Route("/standin/health", set_health, methods=["PUT"]),
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/chat/completions", generate, methods=["POST"]),
     ], lifespan=lifespan)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client of `request` (whose body was read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def disagg_spec_problem(kv_transfer_params: Any) -> tuple[str, str] | None:

@@ -11,8 +11,11 @@ from typing import Any, Literal
 
 from pdlab.config import ConfigError, DeploymentSpec, EngineOptions, LabSpec, load_lab
 from pdlab.config.cluster import ClusterSpec, PoolSpec
-from pdlab.config.router import LMCacheReceiverPorts, Strategy
-from pdlab.router.process import kv_protocol_flags
+from pdlab.config.router import LMCacheReceiverPorts, RouterUpstreams, Strategy
+from pdlab.router.process import router_command
+
+#: The router's command in a cluster image (pdlab installed).
+CLUSTER_ROUTER_PROGRAM = ("pdlab", "router", "serve")
 
 PoolRole = Literal["prefill", "decode"]
 ROLES: tuple[PoolRole, PoolRole] = ("prefill", "decode")
@@ -137,20 +140,14 @@ class ClusterPlan:
         endpoint)."""
         assert self.deployment.router is not None  # checked in plan()
         router = self.deployment.router.model_copy(update={"kv_protocol": self.deployment.kv_protocol})
-        argv = ["pdlab", "router", "serve", "--model", self.model, "--tokenizer", tokenizer_dir]
-        for url in prefill_urls:
-            argv += ["--prefill", url]
-        for url in decode_urls:
-            argv += ["--decode", url]
-        if self.deployment.model.max_model_len is not None:
-            argv += ["--max-model-len", str(self.deployment.model.max_model_len)]
-        if self.decode.engine.block_size is not None:
-            argv += ["--block-size", str(self.decode.engine.block_size)]
-        argv += ["--threshold", str(router.threshold), "--prefill-strategy", router.prefill_strategy,
-                 "--decode-strategy", router.decode_strategy, "--fallback", router.fallback,
-                 "--max-in-flight", str(router.max_in_flight), "--upstream-timeout", str(router.upstream_timeout_s),
-                 "--session-header", router.session_header, "--host", "0.0.0.0", "--port", str(router.port)]
-        return argv + kv_protocol_flags(router, self.receiver_ports)
+        ports = self.receiver_ports if router.kv_protocol == "lmcache" else None
+        upstreams = RouterUpstreams(
+            prefill=prefill_urls, decode=decode_urls, model=self.model, tokenizer=tokenizer_dir,
+            max_model_len=self.deployment.model.max_model_len,
+            **({"block_size": self.decode.engine.block_size} if self.decode.engine.block_size is not None else {}),
+            lmcache_init_ports=ports.init_ports if ports else [],
+            lmcache_alloc_ports=ports.alloc_ports if ports else [])
+        return router_command(router, upstreams, program=CLUSTER_ROUTER_PROGRAM, host="0.0.0.0")
 
     def tokenizer_download(self, local_dir: str) -> list[str]:
         """The router counts prompt tokens with the served model's tokenizer: fetch only its files."""

@@ -169,6 +169,15 @@ class DeploymentSpec(Spec):
             # move and decode would silently prefill every prompt itself.
             raise ValueError(f"router.kv_protocol: `{self.router.kv_protocol}` does not fit connector.kind "
                              f"`{self.connector.kind}`, which needs `{self.kv_protocol}` (or leave it unset)")
+        if self.router is not None and self.router.threshold_basis == "uncached":
+            uncached = [inst.name for inst in self.instances if inst.role in ("decode", "colocated")
+                        and not inst.engine.enable_prefix_caching]
+            if uncached:
+                raise ValueError(f"router.threshold_basis: `uncached` counts on the decode instances' prefix cache, "
+                                 f"which is off on {uncached}: set their engine.enable_prefix_caching: true")
+        if (self.router is not None and self.kv_protocol == "lmcache" and self.router.serve_from_prefill):
+            raise ValueError("router.serve_from_prefill: never with connector.kind `lmcache` (an LMCache sender's "
+                             "engine dies on a request without a disagg_spec)")
         node_names = {node.name for node in self.nodes}
         for i, inst in enumerate(self.instances):
             if inst.node is not None and inst.node not in node_names:

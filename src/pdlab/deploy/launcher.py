@@ -25,10 +25,12 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
+from pdlab.config.router import RouterUpstreams
 from pdlab.deploy import state
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
 from pdlab.pdrequest import decode_body, prefill_body
+from pdlab.router.process import router_command, router_env
 from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DEFAULT_STARTUP_TIMEOUT_S,
@@ -173,7 +175,9 @@ class Deployment:
             raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "deployment.json").write_text(json.dumps(
-            {"spec": self.spec.model_dump(mode="json"), "model_dir": self.model_dir,
+            # the admin token stays out: this file is not private (`pdlab up`'s state record, 0600, keeps it)
+            {"spec": self.spec.model_dump(mode="json", exclude={"router": {"admin_token"}}),
+             "model_dir": self.model_dir,
              "instances": [{"name": p.name, "url": p.url, "port": p.spec.port,
                             "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv}
                            for p in plans],
@@ -297,23 +301,23 @@ class Deployment:
                 groups.write(f"{proc.pid} {proc.create_time!r}\n")
         return proc
 
-    def _start_router(self) -> None:
-        from pdlab.router.process import router_command
+    def router_upstreams(self) -> RouterUpstreams:
+        """What the router fronts: this deployment's instances, model and KV block size."""
+        block_size = next((i.spec.engine.block_size for i in self.instances if i.spec.engine.block_size), None)
+        return RouterUpstreams(prefill=self.urls("prefill"), decode=self.urls("decode") + self.urls("colocated"),
+                               model=self.served_model, tokenizer=self.model_dir,
+                               max_model_len=self.spec.model.max_model_len,
+                               block_size=block_size or VLLM_CPU_BLOCK_SIZE)
 
+    def _start_router(self) -> None:
         router = self.spec.router
         assert router is not None
-        block_size = next((i.spec.engine.block_size for i in self.instances if i.spec.engine.block_size), None)
-        argv = router_command(router, self.urls("prefill"), self.urls("decode") + self.urls("colocated"),
-                              self.served_model, self.model_dir, self.spec.model.max_model_len,
-                              block_size or VLLM_CPU_BLOCK_SIZE)
-        env = dict(os.environ)
-        if not router.admin_token:
-            # Safe by default: the admin API always has a token; an unset one is made up here and handed to the
-            # router through its environment (not its argv, which other local users can read).
-            env[ADMIN_TOKEN_ENV] = self.admin_token = env.get(ADMIN_TOKEN_ENV) or secrets.token_urlsafe(24)
-        else:
-            self.admin_token = router.admin_token
-        self.router = self._spawn("router", argv, env)
+        argv = router_command(router, self.router_upstreams())
+        # Safe by default: the admin API always has a token; an unset one is made up here. Either way it reaches
+        # the router through its environment, never its command line (other local users can read that, and it
+        # heads the router's log).
+        self.admin_token = router.admin_secret() or os.environ.get(ADMIN_TOKEN_ENV) or secrets.token_urlsafe(24)
+        self.router = self._spawn("router", argv, router_env(router, dict(os.environ), self.admin_token))
         self.router_url = f"http://{router.host}:{router.port}"
         self._wait_healthy([("router", self.router_url, self.router)])
 

@@ -25,6 +25,7 @@ from pdlab.experiment.runner import ExperimentRun
 from pdlab.load import rundir
 from pdlab.load.prompts import PromptBuilder
 from pdlab.report.figures import sweep_figure
+from pdlab.router.admin import AdminError, RouterAdmin
 from pdlab.settings import data_dir
 
 
@@ -88,14 +89,14 @@ def _sizing_url(dep: Deployment) -> str:
 
 
 def set_router(dep: Deployment, **settings: Any) -> dict:
-    """Change live router settings through its admin API; returns the config it now runs with."""
+    """Change live router settings through its admin API; returns the config it now runs with (no settings: reads
+    it)."""
     if dep.router_url is None:
         raise LabError("this deployment has no router to configure")
-    response = httpx.put(dep.router_url + "/admin/config", json=settings,
-                         headers={"Authorization": f"Bearer {dep.admin_token}"}, timeout=10)
-    if response.status_code != 200:
-        raise LabError(f"router refused {settings}: HTTP {response.status_code} {response.text}")
-    return response.json()
+    try:
+        return RouterAdmin(dep.router_url, dep.admin_token).update(**settings)
+    except AdminError as error:
+        raise LabError(str(error)) from None
 
 
 def _schedule_events(dep: Deployment, scenario: str, events: list[EventSpec],

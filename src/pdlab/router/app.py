@@ -1,13 +1,22 @@
 """The router's HTTP app: OpenAI-compatible endpoints in front of a prefill pool and a decode pool.
 
-Per request: check the body, count the prompt's tokens with the served model's tokenizer, pick the path
-(`decide_path`), pick replicas (each pool's strategy), run prefill (P/D path) and relay the decode leg's answer.
-The P/D legs speak the `kv_protocol` in force: `nixl` (prefill first; decode gets the kv_transfer_params prefill
-returned) or `lmcache` (decode replica chosen first and named in prefill's disagg_spec; decode gets the plain
-request).
-All I/O is async: aiohttp to upstream (its C HTTP parser and simple connection pool cost a fraction of httpx's
-per call, which dominated the router's overhead), starlette + uvicorn towards clients. Routing decisions are the
-pure functions of `pdlab.router.strategies`.
+Per request: read the body (bounded in size and time; the in-flight slot is taken only once it is in), check it,
+count the prompt's tokens with the served model's tokenizer (long texts on a worker thread, far too long ones
+refused by their length alone), choose the decode replica, decide the path (`strategies.decide`: by the whole
+prompt or by its part that replica is not expected to have cached), run prefill on the P/D path, and relay the
+answer. Every decision is explained (`x-pdlab-reason`, `pdlab_router_decisions_total{path, reason}`).
+
+Failures are absorbed where the client cannot tell: an upstream call that cannot connect or answers 5xx before
+anything reached the client is tried again (backoff with jitter, another replica when there is one); each replica
+has a circuit breaker fed by failures and by an active health check; with no decode replica available, long
+prompts are not prefilled in vain: the request is served on a prefill instance as if colocated (where the P/D
+protocol allows it) or refused with 503 and Retry-After. A client that goes away cancels its upstream requests on
+every path (the upstream connection is closed, so vLLM aborts).
+
+The generation endpoints are plain ASGI (no framework layers between uvicorn and the handler: they were a large
+share of the router's CPU per request); the other endpoints are a starlette app. aiohttp calls the upstreams (its C
+HTTP parser and simple connection pool cost a fraction of httpx's per call). The P/D legs' parameters come from the
+registered KV protocol (`pdlab.router.kv`); routing decisions are the pure functions of `pdlab.router.strategies`.
 """
 
 from __future__ import annotations
@@ -15,33 +24,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import logging
 import os
+import random
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client import generate_latest
+from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pdlab.config.base import ConfigError, validate
-from pdlab.config.router import KVProtocol, LMCacheReceiverPorts, RouterSettings, RouterSpec
-from pdlab.pdrequest import decode_body, lmcache_kv_params, prefill_body
-from pdlab.router.metrics import RouterMetrics
-from pdlab.router.pool import Pool, Replica
-from pdlab.router.strategies import NEEDS_LOAD_METRICS, RequestFeatures, block_hashes, decide_path
-from pdlab.router.tokens import PromptError, PromptTokenizer
-from pdlab.router.validation import RequestError, check_prompt_length, check_request, error_body, error_response
+from pdlab.config.base import ConfigError
+from pdlab.config.router import RouterSettings, RouterSpec, RouterUpstreams
+from pdlab.pdrequest import decode_body, prefill_body
+from pdlab.router.kv import KVProtocolHandler, KVTransferFailed, Transfer, make_kv_protocol
+from pdlab.router.metrics import BREAKER_VALUES, RouterMetrics
+from pdlab.router.pool import BreakerState, Pool, Replica
+from pdlab.router.strategies import (
+    NEEDS_LOAD_METRICS,
+    Decision,
+    PrefixCacheModel,
+    RequestFeatures,
+    block_hashes,
+    decide,
+)
+from pdlab.router.tokens import PromptError, PromptTokenizer, PromptTooLong
+from pdlab.router.validation import RequestError, check_request, error_body, error_response, parse_json
 from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DECODE_REPLICA_HEADER,
@@ -50,85 +68,128 @@ from pdlab.settings import (
     PREFILL_MS_HEADER,
     PREFILL_REPLICA_HEADER,
     PROMPT_TOKENS_HEADER,
+    REASON_HEADER,
     REQUEST_ID_HEADER,
 )
+from pdlab.sse import StreamRecord
 
 log = logging.getLogger("pdlab.router")
 
-#: Seconds between scrapes of vLLM's load gauges, when a strategy in force uses them.
-SCRAPE_INTERVAL_S = 1.0
-#: What a client is told to wait when the router is full.
+#: What a client is told to wait when the router is full or has no instance to serve it.
 RETRY_AFTER_S = 1
 #: Settings GET /admin/config shows that PUT cannot change: they must match how the instances were started.
 READ_ONLY_SETTINGS = ("kv_protocol", "lmcache_receivers")
+#: Largest admin request body.
+ADMIN_BODY_BYTES = 64 * 1024
+#: Default body limit: bytes per token of context, and the least it is.
+BODY_BYTES_PER_TOKEN = 64
+MIN_BODY_BYTES = 2**20
+#: Longest wait between two attempts of an upstream call.
+MAX_BACKOFF_S = 1.0
+#: Seconds to wait for an upstream's end after its `[DONE]` (else its connection is dropped, not reused).
+DRAIN_S = 1.0
+#: An SSE stream's last event: the chunk ending with it is sent as the response's last (one write fewer).
+_DONE = b"data: [DONE]\n\n"
+_JSON = b"application/json"
+_SSE = b"text/event-stream"
 
 
-@dataclass(frozen=True)
-class Upstreams:
-    """What the router fronts: the pools' URLs and the served model."""
-
-    prefill_urls: list[str]
-    decode_urls: list[str]
-    served_model: str
-    tokenizer_dir: str
-    max_model_len: int | None = None
-    """Context length; None reads `max_position_embeddings` from the model directory's config.json."""
-    block_size: int = 16
-    """Tokens per KV block, for the block hashes of the prefix/KV-aware strategies."""
-    lmcache_receiver: LMCacheReceiverPorts | None = None
-    """The decode replicas' LMCache receiver ports (kv_protocol `lmcache`); each replica's receiver host is the
-    host of its URL."""
+class ClientGone(Exception):
+    """The client went away before its request body was in."""
 
 
-@dataclass(frozen=True)
-class Receiver:
-    """Where LMCache's sender pushes a prompt's KV for one decode replica (the disagg_spec's fields)."""
+class Exchange:
+    """One generation request's state: what the client sent, how the answer is going, and the ASGI `send`."""
 
-    host: str
-    init_ports: list[int]
-    alloc_ports: list[int]
+    __slots__ = ("send", "request_id", "chat", "arrived", "raw", "reply_headers", "done", "client_gone", "path",
+                 "reason", "decode_url", "status", "first_at", "upstream", "prompt_tokens")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"receiver_host": self.host, "receiver_init_port": self.init_ports,
-                "receiver_alloc_port": self.alloc_ports}
+    def __init__(self, send: Send, request_id: str, chat: bool, arrived: float):
+        self.send = send
+        self.request_id = request_id
+        self.chat = chat
+        self.arrived = arrived
+        self.raw = b""
+        self.reply_headers: dict[str, str] = {REQUEST_ID_HEADER: request_id}
+        self.done = False
+        """The last response message is on its way: a disconnect from now on is the normal end."""
+        self.client_gone = False
+        self.path = "none"
+        self.reason = ""
+        self.decode_url: str | None = None
+        self.status = 0
+        self.first_at: float | None = None
+        self.upstream: aiohttp.ClientResponse | None = None
+        self.prompt_tokens = 0
+
+    def _headers(self, content_type: bytes, length: int | None, close: bool) -> list[tuple[bytes, bytes]]:
+        headers = [(b"content-type", content_type)]
+        if length is not None:
+            headers.append((b"content-length", b"%d" % length))
+        if close:
+            headers.append((b"connection", b"close"))
+        headers += [(k.encode(), v.encode()) for k, v in self.reply_headers.items()]
+        return headers
+
+    async def start(self, status: int, content_type: bytes, length: int | None = None, close: bool = False) -> None:
+        self.status = status
+        await self.send({"type": "http.response.start", "status": status,
+                         "headers": self._headers(content_type, length, close)})
+
+    async def body(self, data: bytes, more: bool) -> None:
+        if not more:
+            self.done = True  # before the await: the disconnect watcher must not cancel a finished exchange
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def respond(self, status: int, data: bytes, content_type: bytes = _JSON, close: bool = False) -> None:
+        self.done = True
+        await self.start(status, content_type, len(data), close)
+        await self.body(data, more=False)
+
+    async def error(self, error: RequestError, close: bool = False) -> None:
+        await self.respond(error.status, json.dumps(error_body(error.status, error.message, error.param,
+                                                               error.code)).encode(), close=close)
 
 
 class Router:
-    """Request handling state: settings in force, pools, the upstream client, counters."""
+    """Request handling state: settings in force, pools, the upstream client, counters. An ASGI app."""
 
-    def __init__(self, spec: RouterSpec, upstreams: Upstreams):
-        if not upstreams.decode_urls:
-            raise ValueError("the router needs at least one decode (or colocated) instance")
+    def __init__(self, spec: RouterSpec, upstreams: RouterUpstreams):
         self.spec = spec
         self.upstreams = upstreams
-        self.settings = RouterSettings(**{k: getattr(spec, k) for k in RouterSettings.model_fields})
-        self.prefill_pool = Pool("prefill", upstreams.prefill_urls, self.settings.prefill_strategy)
-        self.decode_pool = Pool("decode", upstreams.decode_urls, self.settings.decode_strategy)
-        self.tokenizer = PromptTokenizer(upstreams.tokenizer_dir)
-        self.max_model_len = upstreams.max_model_len or _model_context(upstreams.tokenizer_dir)
-        self.admin_token = spec.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
-        self.kv_protocol: KVProtocol = spec.kv_protocol or "nixl"
-        self.receivers = self._receivers(upstreams) if self.kv_protocol == "lmcache" else {}
+        self.settings = spec.settings()
+        self.kv: KVProtocolHandler = make_kv_protocol(spec.kv_protocol or "nixl", upstreams)
         self.metrics = RouterMetrics()
+        self.prefix_cache = PrefixCacheModel(spec.prefix_cache_blocks)
+        self.prefill_pool = Pool("prefill", upstreams.prefill, self.settings.prefill_strategy,
+                                 spec.breaker_failures, spec.breaker_open_s, self._breaker_changed)
+        self.decode_pool = Pool("decode", upstreams.decode, self.settings.decode_strategy,
+                                spec.breaker_failures, spec.breaker_open_s, self._breaker_changed)
+        for pool in (self.prefill_pool, self.decode_pool):
+            for replica in pool.replicas:
+                self.metrics.breaker_state.labels(pool.role, replica.url).set(0)
+        self.tokenizer = PromptTokenizer(upstreams.tokenizer)
+        self.max_model_len = upstreams.max_model_len or _model_context(upstreams.tokenizer)
+        self.max_body_bytes = spec.max_body_bytes or max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * self.max_model_len)
+        self.admin_token = spec.admin_secret() or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.metrics.threshold.set(self.settings.threshold)
         self.in_flight = 0
         self.client: aiohttp.ClientSession | None = None
+        self._ids = itertools.count()
+        self._id_prefix = f"pdlab-{os.urandom(6).hex()}-"
+        self._upstream_headers = {"content-type": "application/json"}
+        self.http = self._other_endpoints()
 
-    def _receivers(self, upstreams: Upstreams) -> dict[str, Receiver]:
-        """Each decode replica's LMCache receiver, by replica URL: the URL's host (the receiver listens on every
-        address of the replica) and the ports every replica shares."""
-        ports = upstreams.lmcache_receiver
-        if ports is None:
-            raise ValueError("kv_protocol `lmcache` needs the decode replicas' LMCache receiver ports "
-                             "(--lmcache-init-ports and --lmcache-alloc-ports: their pd_peer_init_port and "
-                             "pd_peer_alloc_port lists)")
-        receivers = {}
-        for replica in self.decode_pool.replicas:
-            host = urlsplit(replica.url).hostname
-            if not host:
-                raise ValueError(f"decode URL {replica.url!r} has no host to name as LMCache receiver")
-            receivers[replica.url] = Receiver(host, list(ports.init_ports), list(ports.alloc_ports))
-        return receivers
+    # --- ASGI entry ----------------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            if path == "/v1/completions":
+                return await self._generate(scope, receive, send, chat=False)
+            if path == "/v1/chat/completions":
+                return await self._generate(scope, receive, send, chat=True)
+        await self.http(scope, receive, send)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -141,299 +202,585 @@ class Router:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
                                          cookie_jar=aiohttp.DummyCookieJar()) as client:  # upstreams set no cookies
             self.client = client
-            scraper = asyncio.create_task(self._scrape_forever())
+            await self.kv.start()
+            watcher = asyncio.create_task(self._watch_upstreams())
             try:
                 yield
             finally:
-                scraper.cancel()
+                watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await scraper
+                    await watcher
+                await self.kv.close()
                 self.client = None
 
-    async def _scrape_forever(self) -> None:
-        # Its own connections: scrapes never queue behind requests.
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as client:
+    async def _watch_upstreams(self) -> None:
+        """Active health checks of every replica (feeding the breakers), and vLLM's load gauges when a strategy
+        in force uses them. Its own connections: checks never queue behind requests."""
+        interval = self.spec.health_interval_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, interval * 2))) as client:
             while True:
+                await asyncio.gather(self.prefill_pool.check_health(client), self.decode_pool.check_health(client))
                 for pool in (self.prefill_pool, self.decode_pool):
                     if pool.strategy_name in NEEDS_LOAD_METRICS:
                         await pool.scrape(client)
-                await asyncio.sleep(SCRAPE_INTERVAL_S)
+                await asyncio.sleep(interval)
+
+    def _breaker_changed(self, replica: Replica, state: BreakerState) -> None:
+        role = "decode" if replica in self.decode_pool.replicas else "prefill"
+        self.metrics.breaker_state.labels(role, replica.url).set(BREAKER_VALUES[state])
+        if state == "open":
+            self.metrics.breaker_opened.labels(role, replica.url).inc()
+            self.prefix_cache.forget(replica.url)  # a replica that went down may come back with an empty cache
+            log.warning(json.dumps({"event": "breaker_open", "pool": role, "replica": replica.url}))
+        elif state == "closed":
+            log.warning(json.dumps({"event": "breaker_closed", "pool": role, "replica": replica.url}))
 
     # --- generation --------------------------------------------------------------------------------------------
 
-    async def completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=False)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=True)
-
-    async def _generate(self, request: Request, chat: bool) -> Response:
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         arrived = time.perf_counter()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or f"pdlab-{uuid.uuid4().hex}"
-        reply_headers = {REQUEST_ID_HEADER: request_id}
+        headers = {k: v for k, v in scope["headers"]}
+        given_id = headers.get(b"x-request-id")
+        ex = Exchange(send, given_id.decode(errors="replace") if given_id else self._id_prefix + f"{next(self._ids)}",
+                      chat, arrived)
+        try:
+            ex.raw = await self._read_body(receive, headers.get(b"content-length"), arrived)
+        except RequestError as error:
+            self.metrics.count(self.metrics.rejected, "bad_body")
+            return await ex.error(error, close=True)  # the rest of a refused body is not read: close
+        except ClientGone:
+            return
         if self.in_flight >= self.spec.max_in_flight:
-            self.metrics.rejected.labels("overloaded").inc()
-            reply_headers["Retry-After"] = str(RETRY_AFTER_S)
-            return error_response(RequestError(503, f"the router has {self.in_flight} requests in flight "
-                                               f"(max_in_flight={self.spec.max_in_flight}); retry shortly",
-                                               None, "overloaded"), reply_headers)
+            self.metrics.count(self.metrics.rejected, "overloaded")
+            ex.reply_headers["Retry-After"] = str(RETRY_AFTER_S)
+            return await ex.error(RequestError(503, f"the router has {self.in_flight} requests in flight "
+                                               f"(max_in_flight={self.spec.max_in_flight}); retry shortly", None,
+                                               "overloaded"))
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        handed_over = False  # a streaming response takes over the in-flight slot and releases it when done
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.create_task(self._watch_client(receive, ex, task))
         try:
-            settings = self.settings  # one consistent snapshot per request, even if PUT /admin/config lands now
-            try:
-                raw = await request.body()
-                try:
-                    body = json.loads(raw)
-                except ValueError as error:
-                    raise RequestError(400, f"malformed JSON body: {error}", None, "invalid_json") from None
-                checked = check_request(body, chat, self.upstreams.served_model, self.max_model_len)
-                try:
-                    prompt = (self.tokenizer.chat(body["messages"], body.get("chat_template_kwargs")) if chat
-                              else self.tokenizer.completion(body["prompt"]))
-                except PromptError as error:
-                    raise RequestError(400, str(error), error.param, "invalid_prompt") from None
-                check_prompt_length(prompt.count, self.max_model_len, chat)
-            except RequestError as error:
-                self.metrics.rejected.labels("bad_request").inc()
-                return error_response(error, reply_headers)
-            self.metrics.prompt_tokens.observe(prompt.count)
-            reply_headers[PROMPT_TOKENS_HEADER] = str(prompt.count)
-            session = request.headers.get(self.spec.session_header) or body.get("user")
-            needs_hashes = self.prefill_pool.needs_block_hashes or self.decode_pool.needs_block_hashes
-            features = RequestFeatures(
-                prompt_tokens=prompt.count,
-                block_hashes=block_hashes(prompt.token_ids, self.upstreams.block_size) if needs_hashes else (),
-                session_key=str(session) if session is not None else None,
-            )
-            endpoint = "/v1/chat/completions" if chat else "/v1/completions"
-            upstream_headers = {REQUEST_ID_HEADER: request_id}
-            if auth := request.headers.get("authorization"):
-                upstream_headers["authorization"] = auth
-
-            path = decide_path(prompt.count, settings.threshold) if self.prefill_pool.replicas else "direct"
-            kv_params = None
-            decode_replica: Replica | None = None
-            if path == "disaggregated":
-                prefill_kv = None
-                if self.kv_protocol == "lmcache":
-                    # LMCache's prefill pushes the KV to a receiver named in its request, so the decode replica
-                    # is chosen before prefill runs, and the decode leg goes to that replica.
-                    decode_replica = self.decode_pool.choose(features)
-                    assert decode_replica is not None  # the pool is never empty and nothing is excluded yet
-                    self.metrics.chose(self.decode_pool, decode_replica.url)
-                    receiver = self.receivers[decode_replica.url]
-                    prefill_kv = lmcache_kv_params(request_id, receiver.host, receiver.init_ports,
-                                                   receiver.alloc_ports)
-                if decode_replica is not None:
-                    # It is as good as busy with this request already: least-loaded choices meanwhile see that.
-                    decode_replica.in_flight += 1
-                try:
-                    outcome = await self._prefill_leg(features, endpoint, body, upstream_headers, settings.fallback,
-                                                      prefill_kv)
-                finally:
-                    if decode_replica is not None:
-                        decode_replica.in_flight -= 1
-                if isinstance(outcome, Response):
-                    outcome.headers.update(reply_headers)
-                    return outcome
-                prefill_url, kv_params = outcome
-                if self.kv_protocol == "lmcache":
-                    # The KV is already on its way to decode_replica, found there by its token hashes: the decode
-                    # request is the client's own (prefill's answer carries no transfer handle to pass on).
-                    kv_params = None
-                if prefill_url is None:
-                    path = "direct"  # fell back
-                    reply_headers["x-pdlab-fallback"] = "prefill-unavailable"
-                else:
-                    reply_headers[PREFILL_REPLICA_HEADER] = prefill_url
-                    reply_headers[PREFILL_MS_HEADER] = f"{(time.perf_counter() - arrived) * 1e3:.1f}"
-            reply_headers[PATH_HEADER] = path
-            self.metrics.requests.labels(endpoint, path).inc()
-            # The direct path (and LMCache's decode leg) forwards the client's bytes as they came; NIXL's P/D adds
-            # the prefill's kv_transfer_params.
-            payload = json.dumps(decode_body(body, kv_params)).encode() if kv_params is not None else raw
-            response = await self._decode_leg(features, endpoint, payload, checked.stream, upstream_headers,
-                                              reply_headers, path, arrived, request_id, decode_replica)
-            handed_over = isinstance(response, RelayResponse)
-            return response
+            await self._serve(ex, headers)
+        except asyncio.CancelledError:
+            if not ex.client_gone:
+                raise  # the server is shutting down
+            task.uncancel()
+            self.metrics.client_disconnects.inc()
         finally:
-            if not handed_over:
-                self._release()
+            ex.done = True
+            watcher.cancel()
+            if ex.reason:
+                self.metrics.count(self.metrics.decisions, ex.path, ex.reason)
+                if ex.path != "none":
+                    self.metrics.count(self.metrics.requests, "/v1/chat/completions" if ex.chat else
+                                       "/v1/completions", ex.path)
+            if ex.upstream is not None:
+                ex.upstream.close()  # not read to its end (the client left, or the stream failed): drop it
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            if log.isEnabledFor(logging.INFO):
+                self._log(ex)
 
-    def _release(self) -> None:
-        self.in_flight -= 1
-        self.metrics.in_flight.dec()
+    async def _read_body(self, receive: Receive, declared: bytes | None, arrived: float) -> bytes:
+        """The request body, refused (413) as soon as it is known to exceed the limit, and (408) when it takes
+        longer than `body_timeout_s` to arrive."""
+        limit = self.max_body_bytes
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:
+                raise RequestError(400, "malformed Content-Length", None, "invalid_body") from None
+            if length > limit:
+                raise _too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.spec.body_timeout_s - (time.perf_counter() - arrived)):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(limit)
+                    if not message.get("more_body", False):
+                        if not chunks:
+                            return chunk
+                        chunks.append(chunk)
+                        return b"".join(chunks)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise RequestError(408, f"the request body did not arrive within {self.spec.body_timeout_s:g} s",
+                               None, "body_timeout") from None
 
-    async def _prefill_leg(self, features: RequestFeatures, endpoint: str, body: dict[str, Any],
-                           headers: dict[str, str], fallback: str, kv_transfer_params: dict[str, Any] | None = None
-                           ) -> tuple[str | None, dict[str, Any] | None] | Response:
-        """Prefill on a prefill replica, with `kv_transfer_params` (None: NIXL's). Returns (replica url, the
-        answer's kv_transfer_params); (None, None) when the pool failed and the policy is to fall back; an error
-        Response when the policy is to fail or the prefill instance refused the request itself (a 4xx the decode
-        instance would refuse too)."""
+    async def _watch_client(self, receive: Receive, ex: Exchange, task: asyncio.Task) -> None:
+        """Cancel the request's handling (and so its upstream calls) when the client disconnects early."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not ex.done:
+            ex.client_gone = True
+            task.cancel()
+
+    async def _serve(self, ex: Exchange, headers: dict[bytes, bytes]) -> None:
+        settings = self.settings  # one consistent snapshot per request, even if PUT /admin/config lands now
+        try:
+            body = parse_json(ex.raw)
+            checked = check_request(body, ex.chat, self.upstreams.model, self.max_model_len)
+            try:
+                prompt = await (self.tokenizer.chat_async(body["messages"], body.get("chat_template_kwargs"),
+                                                          self.max_model_len) if ex.chat
+                                else self.tokenizer.completion_async(body["prompt"], self.max_model_len))
+            except PromptTooLong as error:
+                raise RequestError(400, str(error), error.param, "context_length_exceeded") from None
+            except PromptError as error:
+                raise RequestError(400, str(error), error.param, "invalid_prompt") from None
+        except RequestError as error:
+            self.metrics.count(self.metrics.rejected, "bad_request")
+            return await ex.error(error)
+        ex.prompt_tokens = prompt.count
+        self.metrics.prompt_tokens.observe(prompt.count)
+        ex.reply_headers[PROMPT_TOKENS_HEADER] = str(prompt.count)
+        session = headers.get(self.spec.session_header.encode())
+        session_key = session.decode(errors="replace") if session is not None else body.get("user")
+        needs_hashes = (settings.threshold_basis == "uncached" or self.prefill_pool.needs_block_hashes
+                        or self.decode_pool.needs_block_hashes)
+        features = RequestFeatures(
+            prompt_tokens=prompt.count,
+            block_hashes=block_hashes(prompt.token_ids, self.upstreams.block_size) if needs_hashes else (),
+            session_key=str(session_key) if session_key is not None else None,
+        )
+        endpoint = "/v1/chat/completions" if ex.chat else "/v1/completions"
+        upstream_headers = {**self._upstream_headers, REQUEST_ID_HEADER: ex.request_id}
+        if auth := headers.get(b"authorization"):
+            upstream_headers["authorization"] = auth.decode(errors="replace")
+        call = _Call(endpoint, upstream_headers, checked.stream, features, body)
+
+        decode = self.decode_pool.choose(features)
+        if decode is None:
+            return await self._decode_pool_empty(ex, call, settings, "decode_empty")
+        self.metrics.chose(self.decode_pool, decode.url)
+        cached = 0
+        if settings.threshold_basis == "uncached":
+            cached = self.prefix_cache.cached_blocks(decode.url, features.block_hashes) * self.upstreams.block_size
+        decision = decide(prompt.count, cached, settings.threshold, settings.threshold_basis)
+        if decision.path == "disaggregated" and not self.prefill_pool.replicas:
+            decision = Decision("direct", "no_prefill_pool", decision.counted_tokens)
+        payload = ex.raw  # the direct path forwards the client's bytes as they came
+        if decision.path == "disaggregated":
+            outcome = await self._disaggregate(ex, call, body, decode, settings)
+            if outcome is None:
+                return  # answered (an error passed on, or the policy is to fail)
+            if isinstance(outcome, str):  # fell back to direct
+                decision = Decision("direct", outcome, decision.counted_tokens)
+                ex.reply_headers["x-pdlab-fallback"] = "prefill-unavailable"
+            elif outcome:
+                payload = _dumps(decode_body(body, outcome))
+        await self._answer(ex, call, decision, decode, payload, settings)
+
+    async def _disaggregate(self, ex: Exchange, call: _Call, body: dict[str, Any], decode: Replica,
+                            settings: RouterSettings) -> dict[str, Any] | str | None:
+        """Run prefill for `decode`. Returns the decode leg's kv_transfer_params ({} for none), or the reason to
+        serve the request directly instead (a fallback), or None when the client has been answered already."""
+        if not self.prefill_pool.available():
+            reason = "breaker_open"
+        else:
+            # The decode replica is as good as busy with this request already: least-loaded choices see that.
+            decode.in_flight += 1
+            try:
+                outcome = await self._prefill_leg(ex, call, body, decode)
+            finally:
+                decode.in_flight -= 1
+            if not isinstance(outcome, str):
+                return outcome
+            reason = outcome
+        if settings.fallback == "fail":
+            down = reason in ("prefill_down", "breaker_open")
+            what = "the prefill pool is down" if down else "the prefill instance failed"
+            self._decided(ex, Decision("none", reason, ex.prompt_tokens))
+            await ex.error(RequestError(503 if down else 502, f"{what} and the router's fallback policy is 'fail'",
+                                        None, "prefill_down" if down else "prefill_error"))
+            return None
+        self.metrics.count(self.metrics.fallbacks, reason)
+        return reason
+
+    async def _prefill_leg(self, ex: Exchange, call: _Call, body: dict[str, Any], decode: Replica
+                           ) -> dict[str, Any] | str | None:
+        """Prefill on a prefill replica for the chosen decode replica, with retries. Returns the decode leg's
+        kv_transfer_params ({} for none); `prefill_down` / `prefill_error` when the pool failed; None when the
+        client has been answered (the prefill instance refused the request itself: a 4xx decode would give
+        too)."""
         assert self.client is not None
+        started = time.perf_counter()
+        transfer = self.kv.open_transfer(ex.request_id, decode.url)
+        try:
+            return await self._prefill_attempts(ex, call, body, transfer, started)
+        finally:
+            transfer.close()
+
+    async def _prefill_attempts(self, ex: Exchange, call: _Call, body: dict[str, Any], transfer: Transfer,
+                                started: float) -> dict[str, Any] | str | None:
+        assert self.client is not None
+        try:
+            payload = _dumps(prefill_body(body, transfer.prefill_params))
+        except RecursionError:
+            await ex.error(RequestError(400, "the JSON body is nested too deeply", None, "invalid_json"))
+            return None
         tried: set[str] = set()
         reason = "prefill_down"
-        payload = json.dumps(prefill_body(body, kv_transfer_params)).encode()
-        while (replica := self.prefill_pool.choose(features, exclude=tried)) is not None:
+        failed = ""
+        for attempt in range(self.spec.retries + 1):
+            replica = self.prefill_pool.choose(call.features, exclude=tried) or (
+                self.prefill_pool.choose(call.features) if tried else None)
+            if replica is None:
+                break
+            if attempt:
+                self.metrics.count(self.metrics.retries, "prefill", failed)
+                await self._backoff(attempt)
             tried.add(replica.url)
             self.metrics.chose(self.prefill_pool, replica.url)
-            started = time.perf_counter()
             replica.in_flight += 1
             try:
-                async with self.client.post(replica.url + endpoint, data=payload,
-                                            headers={**headers, "content-type": "application/json"}) as response:
+                async with self.client.post(replica.endpoint(call.endpoint), data=payload,
+                                            headers=call.headers) as response:
                     content = await response.read()
                     status = response.status
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 kind = _error_kind(error)
-                self.metrics.upstream_errors.labels("prefill", kind).inc()
+                self.metrics.count(self.metrics.upstream_errors, "prefill", kind)
+                replica.breaker.failure(at_once=kind == "connect")
                 log.warning(json.dumps({"event": "prefill_failed", "replica": replica.url, "kind": kind,
                                         "error": f"{type(error).__name__}: {error}"[:300]}))
-                if isinstance(error, aiohttp.ClientConnectorError):
-                    Pool.mark_down(replica)
-                    continue  # nothing was sent: another prefill replica may take it
-                reason = "prefill_error"
-                break
+                if kind == "timeout":
+                    return "prefill_error"  # waited the whole timeout once already: do not wait again
+                if kind != "connect":
+                    reason = "prefill_error"
+                failed = kind
+                continue
             finally:
                 replica.in_flight -= 1
             if 400 <= status < 500:  # the request itself is wrong: the decode instance would refuse it too
-                self.metrics.upstream_errors.labels("prefill", f"http_{status}").inc()
-                return _upstream_error_response(status, content)
+                replica.breaker.success()
+                self.metrics.count(self.metrics.upstream_errors, "prefill", f"http_{status}")
+                await ex.respond(status, _error_content(status, content))
+                return None
             if status != 200:
-                self.metrics.upstream_errors.labels("prefill", f"http_{status}").inc()
+                replica.breaker.failure()
+                reason = "prefill_error"
+                failed = f"http_{status}"
+                self.metrics.count(self.metrics.upstream_errors, "prefill", failed)
                 log.warning(json.dumps({"event": "prefill_failed", "replica": replica.url, "kind": f"http_{status}",
                                         "error": content[:300].decode(errors="replace")}))
-                reason = "prefill_error"
-                break
-            self.metrics.prefill_seconds.observe(time.perf_counter() - started)
+                continue
             try:
-                params = json.loads(content).get("kv_transfer_params")
+                answer = json.loads(content).get("kv_transfer_params")
             except (ValueError, AttributeError):
-                self.metrics.upstream_errors.labels("prefill", "bad_json").inc()
+                replica.breaker.failure()
+                self.metrics.count(self.metrics.upstream_errors, "prefill", "bad_json")
                 reason = "prefill_error"
-                break
-            if self.kv_protocol == "nixl":  # LMCache's answer has none by design: nothing to count
-                self.metrics.kv_transfer_params.labels("yes" if params else "no").inc()
-            return replica.url, params
-        if fallback == "fail":
-            message = "the prefill pool is down" if reason == "prefill_down" else "the prefill instance failed"
-            return error_response(RequestError(503 if reason == "prefill_down" else 502,
-                                               f"{message} and the router's fallback policy is 'fail'", None,
-                                               reason))
-        self.metrics.fallbacks.labels(reason).inc()
-        return None, None
+                failed = "bad_json"
+                continue
+            replica.breaker.success()
+            self.metrics.prefill_seconds.observe(time.perf_counter() - started)
+            if self.kv.prefill_answer_carries_params:
+                self.metrics.count(self.metrics.kv_transfer_params, "yes" if answer else "no")
+            ex.reply_headers[PREFILL_REPLICA_HEADER] = replica.url
+            ex.reply_headers[PREFILL_MS_HEADER] = f"{(time.perf_counter() - ex.arrived) * 1e3:.1f}"
+            try:
+                await transfer.landed()
+            except KVTransferFailed as error:
+                self.metrics.count(self.metrics.upstream_errors, "prefill", "kv_transfer")
+                await ex.error(RequestError(504, str(error), None, "kv_transfer_failed"))
+                return None
+            return self.kv.decode_params(answer) or {}
+        return reason
 
-    async def _decode_leg(self, features: RequestFeatures, endpoint: str, payload: bytes, stream: bool,
-                          headers: dict[str, str], reply_headers: dict[str, str], path: str, arrived: float,
-                          request_id: str, chosen: Replica | None = None) -> Response:
-        """Decode on `chosen` (already picked, and counted, by the caller) or on the pool strategy's choice; a
-        replica that refuses the connection is skipped for the next choice. (Under LMCache that next replica has
-        not received the KV: it prefills the prompt itself, slower but correct.)"""
+    def _may_serve_from_prefill(self, settings: RouterSettings) -> bool:
+        return (settings.serve_from_prefill is not False and self.kv.prefill_serves_plain
+                and bool(self.prefill_pool.replicas))
+
+    async def _decode_pool_empty(self, ex: Exchange, call: _Call, settings: RouterSettings, reason: str) -> None:
+        """No decode replica can take the request: serve it on a prefill instance as if colocated, where allowed,
+        or refuse it with 503 and Retry-After (nothing was prefilled in vain)."""
+        if self._may_serve_from_prefill(settings) and self.prefill_pool.available():
+            replica = self.prefill_pool.choose(call.features)
+            if replica is not None:
+                self.metrics.chose(self.prefill_pool, replica.url)
+                return await self._answer(ex, call, Decision("prefill", reason, ex.prompt_tokens), replica, ex.raw,
+                                          settings, pool=self.prefill_pool)
+        self._decided(ex, Decision("none", reason, ex.prompt_tokens))
+        ex.reply_headers["Retry-After"] = str(RETRY_AFTER_S)
+        why = "" if self._may_serve_from_prefill(settings) else (
+            " (serving from prefill instances is off" + ("" if self.kv.prefill_serves_plain else
+                                                          f": never under kv_protocol {self.kv.name}") + ")")
+        await ex.error(RequestError(503, f"no decode instance is available{why}; retry shortly", None, reason))
+
+    def _decided(self, ex: Exchange, decision: Decision) -> None:
+        """Record the path and why (a request re-decided, e.g. served from prefill after its decode replica died,
+        counts its last decision only: `_generate` counts it when the request ends)."""
+        ex.path, ex.reason = decision.path, decision.reason
+        ex.reply_headers[PATH_HEADER] = decision.path
+        ex.reply_headers[REASON_HEADER] = decision.reason
+
+    async def _answer(self, ex: Exchange, call: _Call, decision: Decision, replica: Replica, payload: bytes,
+                      settings: RouterSettings, pool: Pool | None = None) -> None:
+        """Send the request that produces the client's answer to `replica` (a decode replica, or a prefill one
+        serving as colocated) and relay it; with retries on other replicas of the pool while nothing has reached
+        the client. Under P/D, a retry after the request reached a decode instance sends the client's own request
+        (that instance may have consumed the KV handle): the next replica prefills it itself."""
         assert self.client is not None
+        pool = pool or self.decode_pool
+        stage = pool.role
         tried: set[str] = set()
-        last_error = ""
-        headers = {**headers, "content-type": "application/json"}
-        while (replica := chosen or self.decode_pool.choose(features, exclude=tried)) is not None:
-            if chosen is None:
-                self.metrics.chose(self.decode_pool, replica.url)
-            chosen = None
+        last_error: RequestError | None = None
+        last_reply: tuple[int, bytes] | None = None
+        all_refused = True
+        failed = ""
+        self._decided(ex, decision)
+        for attempt in range(self.spec.retries + 1):
+            if attempt:
+                replica = pool.choose(call.features, exclude=tried) or pool.choose(call.features)  # type: ignore[assignment]
+                if replica is None:
+                    break
+                self.metrics.chose(pool, replica.url)
+                self.metrics.count(self.metrics.retries, stage, failed)
+                await self._backoff(attempt)
             tried.add(replica.url)
-            reply_headers[DECODE_REPLICA_HEADER] = replica.url
+            ex.reply_headers[DECODE_REPLICA_HEADER] = replica.url
+            ex.decode_url = replica.url
             replica.in_flight += 1
             try:
-                upstream = await self.client.post(replica.url + endpoint, data=payload, headers=headers)
-            except aiohttp.ClientConnectorError as error:
+                retry_kind = await self._call_once(ex, call, replica, payload, decision)
+            finally:
                 replica.in_flight -= 1
-                self.metrics.upstream_errors.labels("decode", "connect").inc()
-                Pool.mark_down(replica)
-                last_error = f"cannot connect to decode instance {replica.url}: {error}"
-                continue  # nothing was sent: another decode replica may take it
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                replica.in_flight -= 1
-                kind = _error_kind(error)
-                self.metrics.upstream_errors.labels("decode", kind).inc()
-                return error_response(RequestError(504 if kind == "timeout" else 502, f"decode instance "
-                                                   f"{replica.url}: {type(error).__name__}: {error}", None, kind),
-                                      reply_headers)
-            if upstream.status != 200 or not stream:
-                try:
-                    content = await upstream.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                    kind = _error_kind(error)
-                    self.metrics.upstream_errors.labels("decode", kind).inc()
-                    return error_response(RequestError(504 if kind == "timeout" else 502,
-                                                       f"decode instance {replica.url} failed mid-response: "
-                                                       f"{type(error).__name__}: {error}", None, kind), reply_headers)
-                finally:
-                    upstream.release()
-                    replica.in_flight -= 1
-                if upstream.status != 200:
-                    self.metrics.upstream_errors.labels("decode", f"http_{upstream.status}").inc()
-                else:
-                    self.metrics.ttft.labels(path).observe(time.perf_counter() - arrived)
-                self._log(request_id, path, features, replica, upstream.status, arrived, None)
-                return Response(content, status_code=upstream.status, headers=reply_headers,
-                                media_type=upstream.headers.get("content-type", "application/json"))
-            stream_state = RelayedStream(upstream, replica, path, arrived, request_id, features)
-            return RelayResponse(self._relay(stream_state), stream_state, self._finish, reply_headers)
-        return error_response(RequestError(503, f"no decode instance reachable ({last_error})", None,
-                                           "decode_down"), reply_headers)
+            if retry_kind is None:
+                if call.features.block_hashes and pool is self.decode_pool:
+                    self.prefix_cache.add(replica.url, call.features.block_hashes)
+                return
+            kind, error, reply = retry_kind
+            failed = kind
+            last_error, last_reply = error, reply
+            if kind != "connect":
+                all_refused = False
+                if payload is not ex.raw and stage == "decode":
+                    payload = ex.raw
+        if (stage == "decode" and all_refused and not self.decode_pool.available()
+                and self._may_serve_from_prefill(settings) and self.prefill_pool.available()):
+            # The decode pool died under this request: serve it on a prefill instance as if colocated.
+            ex.reply_headers.pop("x-pdlab-fallback", None)
+            return await self._decode_pool_empty(ex, call, settings, "decode_down")
+        if last_reply is not None:
+            return await ex.respond(last_reply[0], last_reply[1])
+        if all_refused:
+            ex.reply_headers["Retry-After"] = str(RETRY_AFTER_S)
+            why = last_error.message if last_error else ""
+            last_error = RequestError(503, f"no {stage} instance reachable ({why})", None, f"{stage}_down")
+        assert last_error is not None
+        await ex.error(last_error)
 
-    async def _relay(self, stream: RelayedStream) -> AsyncIterator[bytes]:
-        """Pass the decode instance's SSE bytes through; if it dies mid-stream, end with an error event and
-        `[DONE]` so the client sees a clean end instead of a hang or a truncated stream."""
+    async def _call_once(self, ex: Exchange, call: _Call, replica: Replica, payload: bytes, decision: Decision
+                         ) -> tuple[str, RequestError, tuple[int, bytes] | None] | None:
+        """One attempt: None when the client got its answer (or a failure mid-stream was reported to it);
+        else (what failed, the error to give if this was the last attempt, an upstream 5xx to pass on)."""
+        assert self.client is not None
+        stage = "decode" if replica in self.decode_pool.replicas else "prefill"
         try:
-            async for chunk in stream.upstream.content.iter_any():
-                if stream.first_at is None:
-                    stream.first_at = time.perf_counter()
-                    self.metrics.ttft.labels(stream.path).observe(stream.first_at - stream.arrived)
-                yield chunk
+            upstream = await self.client.post(replica.endpoint(call.endpoint), data=payload, headers=call.headers)
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            if stream.client_gone.is_set():  # we closed the upstream ourselves: nobody is listening any more
+            kind = _error_kind(error)
+            self.metrics.count(self.metrics.upstream_errors, stage, kind)
+            replica.breaker.failure(at_once=kind == "connect")
+            failure = RequestError(504 if kind == "timeout" else 502, f"{stage} instance {replica.url}: "
+                                   f"{type(error).__name__}: {error}", None, kind)
+            if kind == "timeout":
+                await ex.error(failure)
+                return None
+            return kind, failure, None
+        ex.upstream = upstream
+        if upstream.status != 200 or not call.stream:
+            try:
+                content = await upstream.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                kind = _error_kind(error)
+                self.metrics.count(self.metrics.upstream_errors, stage, kind)
+                replica.breaker.failure()
+                failure = RequestError(504 if kind == "timeout" else 502, f"{stage} instance {replica.url} failed "
+                                       f"mid-response: {type(error).__name__}: {error}", None, kind)
+                if kind == "timeout":
+                    await ex.error(failure)
+                    return None
+                return "transport", failure, None
+            finally:
+                upstream.release()
+                ex.upstream = None
+            if upstream.status >= 500:
+                replica.breaker.failure()
+                self.metrics.count(self.metrics.upstream_errors, stage, f"http_{upstream.status}")
+                return f"http_{upstream.status}", RequestError(502, ""), (upstream.status,
+                                                                           _error_content(upstream.status, content))
+            replica.breaker.success()
+            if upstream.status != 200:
+                self.metrics.count(self.metrics.upstream_errors, stage, f"http_{upstream.status}")
+            else:
+                self.metrics.child(self.metrics.ttft, decision.path).observe(time.perf_counter() - ex.arrived)
+            await ex.respond(upstream.status, content,
+                             upstream.headers.get("content-type", "application/json").encode())
+            return None
+        replica.breaker.success()
+        await self._relay(ex, call, upstream, replica, decision.path)
+        return None
+
+    async def _relay(self, ex: Exchange, call: _Call, upstream: aiohttp.ClientResponse, replica: Replica,
+                     path: str) -> None:
+        """Pass the upstream's SSE events through. If the upstream dies mid-stream, continue the stream on another
+        instance (`_continue`) where one can take it; else end with an error event and `[DONE]`, so the client
+        sees a clean end instead of a hang or a silently truncated stream."""
+        await ex.start(200, _SSE)
+        relayed: list[bytes] = []  # the whole events the client has: what a continuation starts from
+        for resumes in range(self.spec.retries + 1):
+            error = await self._pipe(ex, upstream, path, relayed)
+            if error is None:
                 return
             kind = _error_kind(error)
-            url = stream.replica.url
-            self.metrics.upstream_errors.labels("decode", f"midstream_{kind}").inc()
-            log.warning(json.dumps({"event": "decode_died", "request_id": stream.request_id, "replica": url,
+            self.metrics.count(self.metrics.upstream_errors, "decode", f"midstream_{kind}")
+            replica.breaker.failure(at_once=kind != "timeout")  # a dead upstream: keep others off it at once
+            log.warning(json.dumps({"event": "decode_died", "request_id": ex.request_id, "replica": replica.url,
                                     "error": f"{type(error).__name__}: {error}"[:300]}))
-            event = error_body(502, f"decode instance {url} failed mid-stream: {type(error).__name__}: {error}",
-                               None, f"upstream_{kind}")
-            yield f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
+            upstream.close()
+            ex.upstream = None
+            continued = None if resumes == self.spec.retries else await self._continue(ex, call, replica, relayed)
+            if continued is None:
+                event = error_body(502, f"decode instance {replica.url} failed mid-stream: {type(error).__name__}: "
+                                   f"{error}", None, f"upstream_{kind}")
+                await ex.body(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode(), more=False)
+                return
+            upstream, replica = continued
 
-    def _finish(self, stream: RelayedStream) -> None:
-        """Release everything a relayed stream held, once, however it ended (even if it never started)."""
-        if stream.finished:
-            return
-        stream.finished = True
-        stream.upstream.release()
-        stream.replica.in_flight -= 1
-        self._release()
-        if stream.client_gone.is_set():
-            self.metrics.client_disconnects.inc()
-        self._log(stream.request_id, stream.path, stream.features, stream.replica, stream.upstream.status,
-                  stream.arrived, stream.first_at)
+    async def _pipe(self, ex: Exchange, upstream: aiohttp.ClientResponse, path: str, relayed: list[bytes]
+                    ) -> BaseException | None:
+        """Relay one upstream's events (whole events only: a partial one waits for its end); None when the stream
+        ended (the response is complete), else the error that broke it."""
+        content = upstream.content
+        pending = b""
+        try:
+            while chunk := await content.readany():
+                if pending or not chunk.endswith(b"\n\n"):
+                    chunk = pending + chunk
+                    cut = chunk.rfind(b"\n\n") + 2
+                    chunk, pending = chunk[:cut], chunk[cut:]
+                    if not chunk:
+                        continue
+                if ex.first_at is None:
+                    ex.first_at = time.perf_counter()
+                    self.metrics.child(self.metrics.ttft, path).observe(ex.first_at - ex.arrived)
+                relayed.append(chunk)
+                if chunk.endswith(_DONE):
+                    # Nothing follows [DONE]: send it as the last chunk (one write fewer), then read the upstream's
+                    # end (here already, or about to be) so its connection goes back to the pool.
+                    await ex.body(chunk, more=False)
+                    if not content.at_eof():
+                        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                            await asyncio.wait_for(_drain(content), DRAIN_S)
+                    if content.at_eof():
+                        upstream.release()
+                        ex.upstream = None
+                    return None
+                await ex.body(chunk, more=True)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            return error
+        await ex.body(pending, more=False)
+        upstream.release()
+        ex.upstream = None
+        return None
 
-    def _log(self, request_id: str, path: str, features: RequestFeatures, decode: Replica, status: int,
-             arrived: float, first_at: float | None) -> None:
-        if log.isEnabledFor(logging.INFO):
-            now = time.perf_counter()
-            log.info(json.dumps({"event": "request", "request_id": request_id, "path": path,
-                                 "prompt_tokens": features.prompt_tokens, "decode": decode.url, "status": status,
-                                 "ttft_ms": round((first_at - arrived) * 1e3, 3) if first_at else None,
-                                 "total_ms": round((now - arrived) * 1e3, 3)}))
+    async def _continue(self, ex: Exchange, call: _Call, failed: Replica, relayed: list[bytes]
+                        ) -> tuple[aiohttp.ClientResponse, Replica] | None:
+        """Continue a stream cut short on another instance: the request again, with the text the client already
+        has appended to its prompt (completions) or as an assistant message to continue (chat), and the remaining
+        `max_tokens`. Another decode replica, else a prefill instance where serving from prefill is allowed."""
+        assert self.client is not None
+        payload = _continuation(call.body, ex.chat, b"".join(relayed))
+        if payload is None:
+            return None
+        replica = self.decode_pool.choose(call.features, exclude={failed.url})
+        if replica is None and self._may_serve_from_prefill(self.settings):
+            replica = self.prefill_pool.choose(call.features)
+        if replica is None:
+            return None
+        try:
+            upstream = await self.client.post(replica.endpoint(call.endpoint), data=payload, headers=call.headers)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            replica.breaker.failure(at_once=_error_kind(error) == "connect")
+            return None
+        if upstream.status != 200:
+            upstream.release()
+            replica.breaker.failure()
+            return None
+        replica.breaker.success()
+        ex.upstream = upstream
+        ex.decode_url = replica.url
+        self.metrics.count(self.metrics.retries, "decode", "midstream")
+        log.warning(json.dumps({"event": "stream_continued", "request_id": ex.request_id, "replica": replica.url}))
+        return upstream, replica
+
+    async def _backoff(self, attempt: int) -> None:
+        """Exponential backoff with full jitter before attempt `attempt` (1, 2, ...)."""
+        await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, self.spec.retry_backoff_s * 2 ** attempt)))
+
+    def _log(self, ex: Exchange) -> None:
+        now = time.perf_counter()
+        log.info(json.dumps({"event": "request", "request_id": ex.request_id, "path": ex.path, "reason": ex.reason,
+                             "prompt_tokens": ex.prompt_tokens, "decode": ex.decode_url, "status": ex.status,
+                             "client_gone": ex.client_gone,
+                             "ttft_ms": round((ex.first_at - ex.arrived) * 1e3, 3) if ex.first_at else None,
+                             "total_ms": round((now - ex.arrived) * 1e3, 3)}))
 
     # --- other endpoints -----------------------------------------------------------------------------------------
 
+    def _other_endpoints(self) -> Starlette:
+        async def not_found(_: Request, error: Exception) -> Response:
+            status = getattr(error, "status_code", 500)
+            detail = getattr(error, "detail", None) or "internal error"
+            return error_response(RequestError(status, f"{detail}", None, "not_found" if status == 404 else
+                                               "method_not_allowed" if status == 405 else None))
+
+        async def server_error(_: Request, error: Exception) -> Response:
+            log.error(json.dumps({"event": "error", "error": f"{type(error).__name__}: {error}"[:500]}))
+            return error_response(RequestError(500, "internal router error", None, "internal_error"))
+
+        async def generation_method(_: Request) -> Response:  # POST is served before starlette sees it
+            raise HTTPException(405)
+
+        return Starlette(
+            routes=[
+                Route("/v1/completions", generation_method, methods=["POST"]),
+                Route("/v1/chat/completions", generation_method, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.prometheus, methods=["GET"]),
+                Route("/admin/config", self.get_config, methods=["GET"]),
+                Route("/admin/config", self.put_config, methods=["PUT"]),
+            ],
+            exception_handlers={HTTPException: not_found, Exception: server_error},
+            lifespan=self.lifespan,
+        )
+
     async def models(self, _: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.upstreams.served_model, "object": "model",
+        return JSONResponse({"object": "list", "data": [{"id": self.upstreams.model, "object": "model",
                                                           "owned_by": "pdlab", "max_model_len": self.max_model_len}]})
 
     async def health(self, _: Request) -> Response:
-        return JSONResponse({"status": "ok", "prefill": [r.url for r in self.prefill_pool.replicas],
-                             "decode": [r.url for r in self.decode_pool.replicas], "in_flight": self.in_flight})
+        """200 while the router can serve (`ok`: every replica's breaker closed; `degraded`: some open), 503 when
+        no instance can take a request (`unavailable`); each pool's replicas with their breaker state."""
+        pools = (self.prefill_pool, self.decode_pool)
+        can_serve = self.decode_pool.available() or (
+            self._may_serve_from_prefill(self.settings) and self.prefill_pool.available())
+        all_closed = all(r.breaker.state == "closed" for pool in pools for r in pool.replicas)
+        status = "ok" if all_closed else "degraded" if can_serve else "unavailable"
+        return JSONResponse({"status": status, "pools": {pool.role: pool.describe() for pool in pools},
+                             "in_flight": self.in_flight}, status_code=200 if can_serve else 503)
 
     async def prometheus(self, _: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type="text/plain; version=0.0.4")
@@ -451,10 +798,7 @@ class Router:
 
     def _config_view(self) -> dict[str, Any]:
         """The live settings plus the read-only facts of how P/D requests are made."""
-        view: dict[str, Any] = {**self.settings.model_dump(), "kv_protocol": self.kv_protocol}
-        if self.kv_protocol == "lmcache":
-            view["lmcache_receivers"] = {url: receiver.as_dict() for url, receiver in self.receivers.items()}
-        return view
+        return {**self.settings.model_dump(), "kv_protocol": self.kv.name, **self.kv.describe()}
 
     async def get_config(self, request: Request) -> Response:
         if refusal := self._admin_refusal(request):
@@ -462,13 +806,19 @@ class Router:
         return JSONResponse(self._config_view())
 
     async def put_config(self, request: Request) -> Response:
-        """Replace some or all settings; they apply to requests arriving from now on."""
+        """Replace some or all settings; they apply to requests arriving from now on. Values are checked strictly
+        (`"100"` or `true` is not a threshold) and within bounds."""
         if refusal := self._admin_refusal(request):
             return refusal
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > ADMIN_BODY_BYTES:
+                return error_response(_too_large(ADMIN_BODY_BYTES), {"connection": "close"})
         try:
-            update = json.loads(await request.body())
-        except ValueError as error:
-            return error_response(RequestError(400, f"malformed JSON body: {error}", None, "invalid_json"))
+            update = parse_json(raw)
+        except RequestError as error:
+            return error_response(error)
         if not isinstance(update, dict):
             return error_response(RequestError(400, "the body must be a JSON object of settings", None,
                                                "invalid_body"))
@@ -481,9 +831,9 @@ class Router:
                                                    "instances' KV connector); restart the router to change it",
                                                    key, "read_only_setting"))
         try:
-            settings = validate(RouterSettings, {**self.settings.model_dump(), **update}, source="router settings")
+            settings = self._strict_settings({**self.settings.model_dump(), **update})
         except ConfigError as error:
-            where, why = error.problems[0]
+            where, _ = error.problems[0]
             return error_response(RequestError(400, str(error), where, "invalid_setting"))
         self.prefill_pool.set_strategy(settings.prefill_strategy)
         self.decode_pool.set_strategy(settings.decode_strategy)
@@ -492,55 +842,73 @@ class Router:
         log.info(json.dumps({"event": "config", **settings.model_dump()}))
         return JSONResponse(self._config_view())
 
-
-@dataclass
-class RelayedStream:
-    """One relayed SSE stream: what the relay generator, the response sending it, and the clean-up share."""
-
-    upstream: aiohttp.ClientResponse
-    replica: Replica
-    path: str
-    arrived: float
-    request_id: str
-    features: RequestFeatures
-    client_gone: asyncio.Event = field(default_factory=asyncio.Event)
-    first_at: float | None = None
-    finished: bool = False
-
-
-class RelayResponse(Response):
-    """A streamed pass-through of an upstream SSE answer. Unlike starlette's StreamingResponse it watches for the
-    client's disconnect with one plain asyncio task instead of an anyio task group (half the router's CPU per
-    streamed request went there); on disconnect it closes the upstream connection, so vLLM aborts the request."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, chunks: AsyncIterator[bytes], stream: RelayedStream,
-                 finish: Callable[[RelayedStream], None], headers: dict[str, str]):
-        self.chunks = chunks
-        self.stream = stream
-        self.finish = finish
-        self.status_code = 200
-        self.background = None
-        self.init_headers(headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.stream.client_gone.set()
-            self.stream.upstream.close()  # ends the relay loop below
-
-        watcher = asyncio.create_task(watch_disconnect())
+    def _strict_settings(self, data: dict[str, Any]) -> RouterSettings:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            watcher.cancel()
-            await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
-            self.finish(self.stream)
+            settings = RouterSettings.model_validate(data, strict=True)
+        except ValidationError as error:
+            raise ConfigError.from_validation("router settings", error) from None
+        except RecursionError:
+            raise ConfigError("router settings", [("(body)", "nested too deeply")]) from None
+        if settings.serve_from_prefill and not self.kv.prefill_serves_plain:
+            raise ConfigError("router settings", [("serve_from_prefill", f"never under kv_protocol {self.kv.name} "
+                                                   "(its prefill instance's engine dies on a plain request)")])
+        return settings
+
+
+class _Call:
+    """What every upstream call of one request shares."""
+
+    __slots__ = ("endpoint", "headers", "stream", "features", "body")
+
+    def __init__(self, endpoint: str, headers: dict[str, str], stream: bool, features: RequestFeatures,
+                 body: dict[str, Any]):
+        self.endpoint, self.headers, self.stream, self.features, self.body = endpoint, headers, stream, features, body
+
+
+def _continuation(body: dict[str, Any], chat: bool, relayed: bytes) -> bytes | None:
+    """The request that continues a stream whose client already has the events `relayed`; None when it cannot be
+    continued (several choices, echo, a prompt of token ids) or had ended."""
+    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1) or body.get("echo"):
+        return None
+    record = StreamRecord()
+    for line in relayed.split(b"\n"):
+        record.feed(line, 0.0)
+    if record.done or record.finish_reason is not None or record.error is not None:
+        return None
+    generated = len(record.token_times)
+    out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    for name in ("max_tokens", "max_completion_tokens"):
+        if isinstance(out.get(name), int):
+            out[name] = max(1, out[name] - generated)
+    if isinstance(out.get("min_tokens"), int):
+        out["min_tokens"] = max(0, out["min_tokens"] - generated)
+    if not record.text:
+        return _dumps(out)
+    if chat:
+        out["messages"] = [*body["messages"], {"role": "assistant", "content": record.text}]
+        out["continue_final_message"], out["add_generation_prompt"] = True, False
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            return None
+        out["prompt"] = prompt + record.text
+    return _dumps(out)
+
+
+async def _drain(content: aiohttp.StreamReader) -> None:
+    while await content.readany():
+        pass
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(413, f"the request body is larger than the router accepts ({limit} bytes; "
+                        "router.max_body_bytes)", None, "body_too_large")
 
 
 def _error_kind(error: BaseException) -> str:
@@ -551,15 +919,15 @@ def _error_kind(error: BaseException) -> str:
     return "transport"
 
 
-def _upstream_error_response(status: int, content: bytes) -> Response:
+def _error_content(status: int, content: bytes) -> bytes:
     """An upstream's own error answer, passed on (wrapped in an error object if it is not one)."""
     try:
         body = json.loads(content)
     except ValueError:
         body = None
     if isinstance(body, dict) and "error" in body:
-        return JSONResponse(body, status_code=status)
-    return JSONResponse(error_body(status, content[:1000].decode(errors="replace")), status_code=status)
+        return content
+    return json.dumps(error_body(status, content[:1000].decode(errors="replace"))).encode()
 
 
 def _model_context(model_dir: str) -> int:
@@ -567,19 +935,6 @@ def _model_context(model_dir: str) -> int:
     return int(config["max_position_embeddings"])
 
 
-def build_app(spec: RouterSpec, upstreams: Upstreams) -> Starlette:
-    router = Router(spec, upstreams)
-    app = Starlette(
-        routes=[
-            Route("/v1/completions", router.completions, methods=["POST"]),
-            Route("/v1/chat/completions", router.chat_completions, methods=["POST"]),
-            Route("/v1/models", router.models),
-            Route("/health", router.health),
-            Route("/metrics", router.prometheus),
-            Route("/admin/config", router.get_config, methods=["GET"]),
-            Route("/admin/config", router.put_config, methods=["PUT"]),
-        ],
-        lifespan=router.lifespan,
-    )
-    app.state.router = router
-    return app
+def build_app(spec: RouterSpec, upstreams: RouterUpstreams) -> Router:
+    """The router as an ASGI app (uvicorn runs it; its lifespan starts the upstream client and health checks)."""
+    return Router(spec, upstreams)

@@ -8,31 +8,107 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import sys
 from abc import ABC, abstractmethod
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pdlab.config.router import Strategy as StrategyName
+from pdlab.config.router import ThresholdBasis
 
 Path = Literal["disaggregated", "direct"]
 
 
 def decide_path(prompt_tokens: int, threshold: int) -> Path:
-    """HyperPod's rule: prompts with at least `threshold` tokens are prefilled remotely; 0 disaggregates all."""
+    """HyperPod's rule: prompts with at least `threshold` tokens are prefilled remotely; 0 disaggregates all.
+    (With `threshold_basis: uncached`, `prompt_tokens` is the uncached part: see `decide`.)"""
     return "disaggregated" if prompt_tokens >= threshold else "direct"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A path and why it was taken (the router's `x-pdlab-reason` header and `pdlab_router_decisions_total`)."""
+
+    path: str
+    """`disaggregated` or `direct` (the router also serves on a prefill instance, `prefill`, or refuses, `none`)."""
+    reason: str
+    """`over_threshold`, `under_threshold`, or `cached_prefix` (long prompt, short uncached part); the router adds
+    `no_prefill_pool`, `breaker_open`, `prefill_down`, `prefill_error`, `decode_empty` and `decode_down`."""
+    counted_tokens: int
+    """The tokens compared with the threshold."""
+
+
+def decide(prompt_tokens: int, cached_tokens: int, threshold: int, basis: ThresholdBasis) -> Decision:
+    """The P/D decision by `basis`: `prompt` compares the whole prompt with the threshold; `uncached` only the
+    tokens past `cached_tokens` (the prefix the chosen decode replica is expected to hold)."""
+    counted = prompt_tokens - min(cached_tokens, prompt_tokens) if basis == "uncached" else prompt_tokens
+    path = decide_path(counted, threshold)
+    if path == "disaggregated":
+        return Decision(path, "over_threshold", counted)
+    if basis == "uncached" and decide_path(prompt_tokens, threshold) == "disaggregated":
+        return Decision(path, "cached_prefix", counted)
+    return Decision(path, "under_threshold", counted)
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     """Chained hashes of the prompt's full KV blocks: block i's hash covers tokens [0, (i+1)*block_size), so equal
-    hashes mean equal prefixes (the way vLLM's prefix cache identifies blocks)."""
+    hashes mean equal prefixes (the way vLLM's prefix cache identifies blocks). Token ids are hashed as 4-byte
+    little-endian integers; an `array('I')` of them (what the router's tokenizer keeps) is hashed from its memory
+    directly."""
+    if isinstance(token_ids, array) and token_ids.itemsize == 4 and token_ids.typecode == "I":
+        data = token_ids.tobytes() if sys.byteorder == "little" else _swapped(token_ids)
+    else:
+        data = b"".join(int(t).to_bytes(4, "little") for t in token_ids)
     hashes: list[int] = []
     running = hashlib.blake2b(digest_size=8)
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        running.update(b"".join(t.to_bytes(4, "little") for t in token_ids[start:start + block_size]))
+    step = 4 * block_size
+    for start in range(0, len(data) - step + 1, step):
+        running.update(data[start:start + step])
         hashes.append(int.from_bytes(running.copy().digest(), "little"))
     return tuple(hashes)
+
+
+def _swapped(token_ids: array) -> bytes:
+    copy = array("I", token_ids)
+    copy.byteswap()
+    return copy.tobytes()
+
+
+class PrefixCacheModel:
+    """What a replica's prefix cache is expected to hold, from the blocks sent to it: an LRU of block hashes,
+    `capacity` blocks long (vLLM evicts least recently used free blocks too). Used by `kvaware` and by the
+    `uncached` threshold basis."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._blocks: dict[str, OrderedDict[int, None]] = {}
+
+    def cached_blocks(self, url: str, blocks: Sequence[int]) -> int:
+        """Leading blocks of `blocks` expected in `url`'s cache (a prefix cache reuses only a leading run)."""
+        cached = self._blocks.get(url)
+        if not cached:
+            return 0
+        hits = 0
+        for block in blocks:
+            if block not in cached:
+                break
+            hits += 1
+        return hits
+
+    def add(self, url: str, blocks: Sequence[int]) -> None:
+        cached = self._blocks.setdefault(url, OrderedDict())
+        for block in blocks:
+            cached[block] = None
+            cached.move_to_end(block)
+        while len(cached) > self.capacity:
+            cached.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        """The replica lost its cache (it restarted)."""
+        self._blocks.pop(url, None)
 
 
 @dataclass(frozen=True)
@@ -180,37 +256,22 @@ class KVAware(RoutingStrategy):
     balance_abs: ClassVar[int] = 4
 
     def __init__(self) -> None:
-        self._cached: dict[str, OrderedDict[int, None]] = {}
+        self._cache = PrefixCacheModel(self.cache_blocks)
         self._ties = _TieBreaker()
-
-    def _hits(self, url: str, blocks: tuple[int, ...]) -> int:
-        cached = self._cached.get(url)
-        if not cached:
-            return 0
-        hits = 0
-        for block in blocks:  # a prefix cache can only reuse a leading run of blocks
-            if block not in cached:
-                break
-            hits += 1
-        return hits
 
     def choose(self, request: RequestFeatures, replicas: Sequence[ReplicaState]) -> int:
         loads = [replica_load(r) for r in replicas]
         if max(loads) - min(loads) > self.balance_abs:
             return _least_loaded(replicas, self._ties)
-        hits = [self._hits(r.url, request.block_hashes) for r in replicas]
+        hits = [self._cache.cached_blocks(r.url, request.block_hashes) for r in replicas]
         best = max(hits)
         candidates = [i for i, h in enumerate(hits) if h == best]
         lightest = min(loads[i] for i in candidates)
         return self._ties.pick([i for i in candidates if loads[i] == lightest])
 
     def observe(self, request: RequestFeatures, replica: ReplicaState) -> None:
-        cached = self._cached.setdefault(replica.url, OrderedDict())
-        for block in request.block_hashes:
-            cached[block] = None
-            cached.move_to_end(block)
-        while len(cached) > self.cache_blocks:
-            cached.popitem(last=False)
+        self._cache.capacity = self.cache_blocks  # a class setting, which a test (or a subclass) may change
+        self._cache.add(replica.url, request.block_hashes)
 
 
 class LeastLoaded(RoutingStrategy):

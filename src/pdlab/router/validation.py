@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_timeout"}
+          404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+          413: "invalid_request_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_timeout"}
 
 
 class RequestError(Exception):
@@ -77,8 +79,12 @@ def check_request(body: Any, chat: bool, served_model: str, max_model_len: int) 
     return GenerationRequest(body=body, chat=chat, stream=stream, max_tokens=max_tokens)
 
 
-def check_prompt_length(prompt_tokens: int, max_model_len: int, chat: bool) -> None:
-    if prompt_tokens > max_model_len:
-        raise RequestError(400, f"This model's maximum context length is {max_model_len} tokens. However, your "
-                           f"prompt contains {prompt_tokens} input tokens.", "messages" if chat else "prompt",
-                           "context_length_exceeded")
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON; RequestError 400 when it is not JSON, or nested too deeply to parse (a
+    RecursionError is the client's doing, not a server fault)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError(400, "the JSON body is nested too deeply", None, "invalid_json") from None
+    except ValueError as error:
+        raise RequestError(400, f"malformed JSON body: {error}", None, "invalid_json") from None

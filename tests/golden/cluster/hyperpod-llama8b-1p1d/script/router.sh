@@ -6,20 +6,14 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # It counts prompt tokens with the model's tokenizer: fetch the tokenizer files once.
 [ -f "$here/tokenizer/tokenizer.json" ] || python3 -c "import sys; from huggingface_hub import snapshot_download; snapshot_download('meta-llama/Llama-3.1-8B-Instruct', allow_patterns=['tokenizer*', 'config.json', '*.jinja'], local_dir=sys.argv[1])" "$here/tokenizer"
 exec pdlab router serve \
+    --decode http://llama8b-pd-decode-0:8000 \
+    --prefill http://llama8b-pd-prefill-0:8000 \
     --model meta-llama/Llama-3.1-8B-Instruct \
     --tokenizer "$here/tokenizer" \
-    --prefill http://llama8b-pd-prefill-0:8000 \
-    --decode http://llama8b-pd-decode-0:8000 \
     --max-model-len 32768 \
-    --threshold 4096 \
+    --lmcache-init-ports 7300 \
+    --lmcache-alloc-ports 7400 \
     --prefill-strategy prefixaware \
     --decode-strategy prefixaware \
-    --fallback fallback \
-    --max-in-flight 256 \
-    --upstream-timeout 600.0 \
-    --session-header x-session-id \
-    --host 0.0.0.0 \
-    --port 8000 \
     --kv-protocol lmcache \
-    --lmcache-init-ports 7300 \
-    --lmcache-alloc-ports 7400
+    --host 0.0.0.0
