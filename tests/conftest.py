@@ -152,6 +152,11 @@ def uses_shared_deployment(item: pytest.Item) -> bool:
     return bool(fixtures & SHARED_DEPLOYMENT_FIXTURES) or attaches
 
 
+#: Tests that restart an instance of the session deployment: they run after every other test that uses it.
+RESTARTS_SHARED_DEPLOYMENT = ("test_killing_an_api_server_leaves_no_engine_and_restart_brings_it_back",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # stable: within each group, tests keep their order
-    items.sort(key=lambda item: 0 if item.name in QUIET_FIRST else 2 if uses_shared_deployment(item) else 1)
+    items.sort(key=lambda item: 0 if item.name in QUIET_FIRST else 3 if item.name in RESTARTS_SHARED_DEPLOYMENT
+               else 2 if uses_shared_deployment(item) else 1)

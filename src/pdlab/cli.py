@@ -32,6 +32,7 @@ app.command("demo")(experiment_cli.demo)
 app.command("up")(deploy_cli.up)
 app.command("status")(deploy_cli.status)
 app.command("down")(deploy_cli.down)
+app.command("restart")(deploy_cli.restart)
 
 
 def main() -> None:

@@ -41,3 +41,37 @@ def test_the_guard_stops_the_groups_of_an_owner_killed_but_not_reaped(tmp_path: 
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=5)
+
+
+#: An instance like vLLM's: a leader (the API server) with a child in its process group (the engine).
+LEADER_WITH_CHILD = [sys.executable, "-c", "import subprocess, sys, time; "
+                     "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]
+
+
+def test_the_guard_stops_what_is_left_of_a_group_whose_leader_was_killed(tmp_path: Path) -> None:
+    """Killing only an instance's leading process (vLLM's API server pid) must not leave its engine running: the
+    guard stops the rest of the group. With no owner (a `pdlab up` deployment) it keeps watching until the groups
+    file goes."""
+    leader = subprocess.Popen(LEADER_WITH_CHILD, start_new_session=True)
+    groups = tmp_path / "process-groups"
+    groups.write_text(f"{leader.pid} {psutil.Process(leader.pid).create_time()!r}\n")
+    guard = subprocess.Popen([sys.executable, "-m", "pdlab.deploy.guard", "0", "0", str(groups)])
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (engine,) = psutil.Process(leader.pid).children()
+        time.sleep(1)
+        assert engine.is_running() and guard.poll() is None
+        leader.send_signal(signal.SIGKILL)
+        leader.wait(timeout=5)
+        gone, _ = psutil.wait_procs([engine], timeout=5)
+        assert gone, "the engine outlived its killed leader"
+        assert guard.poll() is None  # no owner: it keeps watching
+        groups.unlink()
+        assert guard.wait(timeout=5) == 0
+    finally:
+        for proc in (leader, guard):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=5)

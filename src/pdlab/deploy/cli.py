@@ -95,6 +95,24 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     console.print(table)
 
 
+def restart(
+    name: str = typer.Argument(..., help="Deployment started with `pdlab up`."),
+    instance: str = typer.Argument(..., help="Instance to restart, e.g. decode-0."),
+) -> None:
+    """Stop an instance's whole process group and start it again (while the rest of the deployment serves)."""
+    from pdlab.deploy import DeployError, Deployment
+
+    try:
+        dep = Deployment.attach(name)
+        dep.progress = True
+        dep.console = console
+        restarted = dep.restart(instance)
+    except (DeployError, KeyError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    console.print(f"{name}: {instance} restarted (pid {restarted.pid}, {restarted.url})")
+
+
 def down(name: str = typer.Argument(None, help="Deployment to stop (default: all started with `pdlab up`).")) -> None:
     """Stop deployments started with `pdlab up` (every process they started)."""
     from pdlab.deploy import state

@@ -1,13 +1,19 @@
-"""The guard: a tiny process that stops a deployment's process groups if its owner dies without doing so
-(the owner was SIGKILLed, or a Jupyter kernel crashed). The owner removes the groups file when it stops cleanly;
-the guard then exits too.
+"""The guard: a tiny process beside a deployment that keeps its process groups from being orphaned.
+
+1. If the deployment's owner dies without stopping it (SIGKILLed, a crashed Jupyter kernel), the guard stops every
+   group. A deployment started by `pdlab up` outlives its starter on purpose: it has no owner (`0 0`).
+2. If a group's leader dies while other members live on (someone killed a vLLM instance's API-server pid: its
+   EngineCore and worker would keep running, holding a core and the instance's ports), the guard stops the rest of
+   that group. vLLM's engine process does not watch its parent for this (no PR_SET_PDEATHSIG), so pdlab does.
 
     python -m pdlab.deploy.guard OWNER_PID OWNER_CREATE_TIME GROUPS_FILE
-GROUPS_FILE holds one `pgid create_time` pair per line, appended as processes start.
+GROUPS_FILE holds one `pgid create_time` pair per line (the launcher adds a line per process it starts and rewrites
+the file when an instance restarts). The guard exits when the file is removed (the deployment stopped cleanly).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +21,11 @@ from pathlib import Path
 import psutil
 
 from pdlab.deploy.process import stop_group
+
+#: The groups file's name in a deployment's run directory.
+GROUPS_FILE = "process-groups"
+#: Seconds between the guard's looks.
+INTERVAL_S = 0.5
 
 
 def owner_alive(pid: int, create_time: float) -> bool:
@@ -30,9 +41,35 @@ def owner_alive(pid: int, create_time: float) -> bool:
 def read_groups(path: Path) -> list[tuple[int, float]]:
     groups = []
     for line in path.read_text().splitlines():
-        pgid, created = line.split()
-        groups.append((int(pgid), float(created)))
+        if line.strip():
+            pgid, created = line.split()
+            groups.append((int(pgid), float(created)))
     return groups
+
+
+def leader_gone(pgid: int, create_time: float) -> bool:
+    """The group's leader (the process pdlab started) has exited, or is a zombie nobody reaped yet."""
+    try:
+        leader = psutil.Process(pgid)
+        return abs(leader.create_time() - create_time) > 0.01 or leader.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def orphaned(groups: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The groups whose leader is gone while some member still runs (one pass over the process table)."""
+    headless = {pgid: created for pgid, created in groups if leader_gone(pgid, created)}
+    if not headless:
+        return []
+    found = set()
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            pgid = os.getpgid(proc.pid)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+        if pgid in headless and proc.pid != pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.add(pgid)
+    return [(pgid, headless[pgid]) for pgid in sorted(found)]
 
 
 def main(argv: list[str]) -> int:
@@ -40,12 +77,20 @@ def main(argv: list[str]) -> int:
     while True:
         if not groups_file.exists():
             return 0
-        if not owner_alive(owner_pid, owner_created):
-            for pgid, created in read_groups(groups_file):
+        try:
+            groups = read_groups(groups_file)
+        except (OSError, ValueError):  # being rewritten (an instance restarting): look again next time
+            groups = []
+        if owner_pid and not owner_alive(owner_pid, owner_created):
+            for pgid, created in groups:
                 stop_group(pgid, created, timeout_s=10)
             groups_file.unlink(missing_ok=True)
             return 0
-        time.sleep(0.5)
+        for pgid, created in orphaned(groups):
+            print(f"[pdlab guard] the leader of process group {pgid} is gone: stopping the rest of the group",
+                  flush=True)
+            stop_group(pgid, created, timeout_s=5)
+        time.sleep(INTERVAL_S)
 
 
 if __name__ == "__main__":

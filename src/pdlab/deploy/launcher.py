@@ -27,6 +27,7 @@ from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.config.router import RouterUpstreams
 from pdlab.deploy import state
+from pdlab.deploy.guard import GROUPS_FILE
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
 from pdlab.pdrequest import decode_body, prefill_body
@@ -79,12 +80,14 @@ class Deployment:
 
     def __init__(self, spec: DeploymentSpec, run_dir: Path | None = None, progress: bool = True,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, detached: bool = False,
-                 console: Console | None = None):
+                 console: Console | None = None, stand_ins: bool = False):
         self.spec = spec
         self.run_dir = run_dir or runs_dir() / "deployments" / f"{spec.name}-{_timestamp()}"
         self.progress = progress
         self.startup_timeout_s = startup_timeout_s
         self.detached = detached
+        self.stand_ins = stand_ins
+        """Stand-in servers (pdlab.benchmarks.standin) in place of vLLM: drills of the router and the launcher."""
         self.console = console or Console(stderr=True)
         self.instances: list[RunningInstance] = []
         self.router: ManagedProcess | None = None
@@ -96,7 +99,7 @@ class Deployment:
         self._guard: ManagedProcess | None = None
         self._owned = True
         self.netlab: netlab.NetLab | None = None
-        self._groups_file = self.run_dir / "process-groups"
+        self._groups_file = self.run_dir / GROUPS_FILE
 
     @classmethod
     def attach(cls, name: str) -> Deployment:
@@ -106,8 +109,11 @@ class Deployment:
         if record is None or not state.any_alive(record):
             raise DeployError(f"no deployment named {name!r} is up; start it with `pdlab up LAB.yaml`")
         saved = json.loads((Path(record["run_dir"]) / "deployment.json").read_text())
-        dep = cls(DeploymentSpec.model_validate(saved["spec"]), run_dir=Path(record["run_dir"]), progress=False)
+        dep = cls(DeploymentSpec.model_validate(saved["spec"]), run_dir=Path(record["run_dir"]), progress=False,
+                  detached=True, stand_ins=bool(saved.get("stand_ins")))
         dep.model_dir = saved["model_dir"]
+        if guard := record.get("guard"):
+            dep._guard = ManagedProcess.adopt("guard", guard["pid"], guard["create_time"], Path(guard["log"]))
         dep._owned = False
         specs = {inst["name"]: inst for inst in saved["instances"]}
         resolved = {i.name: i for i in _resolved_instances(dep.spec, specs)}
@@ -174,24 +180,16 @@ class Deployment:
             self._teardown_netlab()
             raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "deployment.json").write_text(json.dumps(
-            # the admin token stays out: this file is not private (`pdlab up`'s state record, 0600, keeps it)
-            {"spec": self.spec.model_dump(mode="json", exclude={"router": {"admin_token"}}),
-             "model_dir": self.model_dir,
-             "instances": [{"name": p.name, "url": p.url, "port": p.spec.port,
-                            "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv}
-                           for p in plans],
-             "netlab": self.netlab.describe() if self.netlab else None}, indent=2))
+        (self.run_dir / "deployment.json").write_text(json.dumps(self._record(plans), indent=2))
         start = time.monotonic()
         try:
-            if not self.detached:
-                self._start_guard()
+            self._start_guard()
             for plan in plans:
                 self.instances.append(RunningInstance(plan.spec, self._spawn(plan.name, plan.argv, plan.env)))
             self._wait_healthy([(i.name, i.url, i.process) for i in self.instances])
             self._warm_up()
             for inst in self.instances:  # after the warm-up: its first transfer may start threads of its own
-                if inst.spec.role != "colocated":
+                if inst.spec.role != "colocated" and not self.stand_ins:
                     self._settle_nixl_threads(inst)
             if self.spec.router is not None:
                 self._start_router()
@@ -203,7 +201,17 @@ class Deployment:
             raise
         return self
 
-    def _plan(self) -> list[InstancePlan]:
+    def _record(self, plans: list[InstancePlan]) -> dict:
+        """deployment.json: the spec as run (without the admin token: the file is not private; `pdlab up`'s state
+        record, readable by its owner only, keeps it), the model and each instance's command line."""
+        return {"spec": self.spec.model_dump(mode="json", exclude={"router": {"admin_token"}}),
+                "model_dir": self.model_dir,
+                "instances": [{"name": p.name, "url": p.url, "port": p.spec.port,
+                               "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv}
+                              for p in plans],
+                "netlab": self.netlab.describe() if self.netlab else None, "stand_ins": self.stand_ins}
+
+    def _plan(self, check_ports: bool = True) -> list[InstancePlan]:
         """Plan the processes; on a two-node deployment, put each instance on its node's address and inside its
         namespace, with UCX restricted to the node's link (shared memory would bypass it)."""
         spec = self.spec
@@ -212,10 +220,11 @@ class Deployment:
             spec = spec.model_copy(update={"instances": [
                 inst.model_copy(update={"host": lab.address(inst.node)}) if inst.node else inst
                 for inst in spec.instances]})
-        plans = plan_deployment(spec, self.model_dir)
-        loopback = [p for p in plans if p.spec.node is None or self.netlab is None]
-        router_port = [("router", spec.router.host, spec.router.port)] if spec.router else []
-        check_ports_free(loopback, router_port)  # a node's ports live in its own namespace
+        plans = plan_deployment(spec, self.model_dir, stand_ins=self.stand_ins)
+        if check_ports:
+            loopback = [p for p in plans if p.spec.node is None or self.netlab is None]
+            router_port = [("router", spec.router.host, spec.router.port)] if spec.router else []
+            check_ports_free(loopback, router_port)  # a node's ports live in its own namespace
         if self.netlab is not None:
             for plan in plans:
                 if plan.spec.node:
@@ -289,10 +298,44 @@ class Deployment:
 
     # -- internals ----------------------------------------------------------------------------------------------
     def _start_guard(self) -> None:
+        """The guard (pdlab.deploy.guard): stops the rest of a process group whose leader died, and everything if
+        this process dies without stopping the deployment; a detached deployment (`pdlab up`) has no owner."""
         self._groups_file.write_text("")
         me = psutil.Process()
-        argv = [sys.executable, "-m", "pdlab.deploy.guard", str(me.pid), repr(me.create_time()), str(self._groups_file)]
+        owner = ["0", "0"] if self.detached else [str(me.pid), repr(me.create_time())]
+        argv = [sys.executable, "-m", "pdlab.deploy.guard", *owner, str(self._groups_file)]
         self._guard = ManagedProcess("guard", argv, dict(os.environ), self.run_dir / "guard.log").start()
+
+    def restart(self, name: str) -> RunningInstance:
+        """Stop instance `name`'s whole process group (whatever is left of it) and start it again, as planned at
+        the start; returns it once healthy. Requests meanwhile: the router's breaker keeps them off it, and its
+        health check lets them back once it answers. Works on an attached deployment (`pdlab restart`) too."""
+        old = self.instance(name)
+        plan = next((p for p in self._plan(check_ports=False) if p.name == name), None)
+        if plan is None:
+            raise DeployError(f"instance {name!r} is not in the deployment's plan")
+        old.process.stop(timeout_s=10)
+        self._forget_group(old.process)
+        proc = self._spawn(plan.name, plan.argv, plan.env)
+        new = RunningInstance(plan.spec, proc)
+        self.instances[self.instances.index(old)] = new
+        self._wait_healthy([(new.name, new.url, proc)])
+        if new.spec.role != "colocated" and not self.stand_ins:
+            self._settle_nixl_threads(new)
+        if self.detached or not self._owned:
+            proc.release()  # it outlives this Python process, like the rest of the deployment
+            state.save(self)
+        return new
+
+    def _forget_group(self, proc: ManagedProcess) -> None:
+        """Take a stopped process group off the guard's list."""
+        if not self._groups_file.exists():
+            return
+        mine = f"{proc.pid} "
+        kept = [line for line in self._groups_file.read_text().splitlines() if not line.startswith(mine)]
+        staging = self._groups_file.with_suffix(".tmp")
+        staging.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(staging, self._groups_file)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
         proc = ManagedProcess(name, argv, env, self.run_dir / f"{name}.log").start()

@@ -142,6 +142,10 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
         "VLLM_NIXL_SIDE_CHANNEL_HOST": inst.host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(inst.nixl_side_channel_port),
         "UCX_TLS": spec.connector.ucx_tls,
+        # Loopback only, like every other port pdlab opens by default: without it UCX's TCP transport listens on
+        # every interface (six listeners per worker on the machine's external one). A two-node netlab deployment
+        # replaces it with its node's interface.
+        "UCX_NET_DEVICES": "lo",
         # pdlab moves NIXL's busy-polling progress thread to SCHED_IDLE (deprioritize_spinning_threads). UCX's
         # multi-threaded worker lock is a spinlock by default: when the engine thread posts a KV read while the
         # idle-class thread holds it, the engine spins on its own core and the holder hardly ever runs (priority
@@ -163,11 +167,28 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
     return env
 
 
+#: Stand-in timing (pdlab.benchmarks.standin): per generated token, and per prompt token prefilled.
+STAND_IN_TOKEN_MS = 10
+STAND_IN_PREFILL_US_PER_TOKEN = 100
+
+
+def stand_in_argv(spec: DeploymentSpec, inst: InstanceSpec, python: str = sys.executable) -> list[str]:
+    """pdlab's stand-in OpenAI server in place of vLLM for `inst`: the same endpoints, P/D protocol and metrics
+    names, no model, up in a second. For drills of what surrounds the engine (router, launcher, load), never for
+    measurements of serving."""
+    return [python, "-m", "pdlab.benchmarks.standin", "--host", inst.host, "--port", str(inst.port),
+            "--model", served_model_name(spec), "--name", inst.name, "--token-ms", str(STAND_IN_TOKEN_MS),
+            "--prefill-us-per-token", str(STAND_IN_PREFILL_US_PER_TOKEN)]
+
+
 def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, str] | None = None,
-                    cores: list[int] | None = None) -> list[InstancePlan]:
+                    cores: list[int] | None = None, stand_ins: bool = False) -> list[InstancePlan]:
+    """Every instance's process, fully decided (with `stand_ins`, stand-in servers in place of vLLM)."""
     instances = assign_ports(spec)
     check_cores(instances, available_cores() if cores is None else cores)
     env = dict(os.environ if base_env is None else base_env)
+    if stand_ins:
+        return [InstancePlan(inst, stand_in_argv(spec, inst), {**env, "PYTHONUNBUFFERED": "1"}) for inst in instances]
     return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env))
             for inst in instances]
 

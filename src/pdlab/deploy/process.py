@@ -80,6 +80,10 @@ class ManagedProcess:
     def log_tail(self, lines: int = 25) -> str:
         return tail(self.log_path, lines)
 
+    def release(self) -> None:
+        """Let the process outlive this Python process (a detached deployment's): no stop at exit."""
+        _unregister(self)
+
     def kill(self) -> None:
         """SIGKILL the whole process group at once, as a crash would (failure drills)."""
         stop_group(self.pid, self.create_time, graceful=False)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from pdlab.deploy.guard import GROUPS_FILE
 from pdlab.deploy.process import stop_group
 from pdlab.settings import state_dir
 
@@ -24,8 +26,11 @@ def save(dep: Deployment) -> None:
     if dep.router is not None:
         processes.append({"name": "router", "role": "router", "url": dep.router_url, "pid": dep.router.pid,
                           "create_time": dep.router.create_time, "log": str(dep.router.log_path)})
+    guard = dep._guard
     record = {"name": dep.spec.name, "run_dir": str(dep.run_dir), "served_model": dep.served_model,
-              "url": dep.url, "processes": processes, "admin_token": dep.admin_token}
+              "url": dep.url, "processes": processes, "admin_token": dep.admin_token,
+              "guard": None if guard is None else {"pid": guard.pid, "create_time": guard.create_time,
+                                                   "log": str(guard.log_path)}}
     state_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
     path = _path(dep.spec.name)
     # The record holds the router's admin token: readable by its owner only.
@@ -61,7 +66,10 @@ def any_alive(record: dict[str, Any]) -> bool:
 
 
 def stop(record: dict[str, Any]) -> None:
-    """Stop every process group of a recorded deployment, router first, then forget it."""
+    """Stop every process group of a recorded deployment, router first, then its guard, then forget it."""
     for entry in record["processes"][::-1]:
         stop_group(entry["pid"], entry["create_time"])
+    (Path(record["run_dir"]) / GROUPS_FILE).unlink(missing_ok=True)  # the guard's list: it exits
+    if guard := record.get("guard"):
+        stop_group(guard["pid"], guard["create_time"], timeout_s=5)
     remove(record["name"])
