@@ -46,8 +46,10 @@ class EventSpec(Spec):
 
     at_s: float = Field(ge=0)
     """Seconds after the scenario's load starts."""
-    action: Literal["kill"] = "kill"
-    """`kill`: SIGKILL the instance's whole process tree, as a crash would."""
+    action: Literal["kill", "kill_leader", "restart"] = "kill"
+    """`kill`: SIGKILL the instance's whole process group, as a crash would. `kill_leader`: SIGKILL only its
+    leading process (vLLM's API server; the guard must then stop its engine). `restart`: stop the instance's
+    process group (whatever is left of it) and start it again, as `pdlab restart` does."""
     instance: str
     """Name of the instance it happens to."""
     scenarios: list[str] = []

@@ -7,7 +7,9 @@ and write one run directory (see pdlab.experiment.runner) with a summary and a r
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import signal
 import statistics
 import threading
 import time
@@ -99,41 +101,74 @@ def set_router(dep: Deployment, **settings: Any) -> dict:
         raise LabError(str(error)) from None
 
 
-def _schedule_events(dep: Deployment, scenario: str, events: list[EventSpec],
-                     console: Console) -> list[threading.Timer]:
-    timers = []
-    names = {inst.name for inst in dep.instances}
-    for event in events:
-        if event.instance not in names or (event.scenarios and scenario not in event.scenarios):
-            continue
+class Drills:
+    """A scenario's events, each fired at its time on a thread of its own while the load runs; `finish` waits for
+    those still running (a restart outlasts a short load) and cancels those not yet due."""
 
-        def fire(event: EventSpec = event) -> None:
-            console.print(f"[yellow]{scenario}: t={event.at_s:g}s: {event.action} {event.instance}[/yellow]")
-            dep.instance(event.instance).process.kill()
+    def __init__(self, dep: Deployment, scenario: str, events: list[EventSpec], console: Console):
+        self.dep, self.scenario, self.console = dep, scenario, console
+        names = {inst.name for inst in dep.instances}
+        self.events = [e for e in events if e.instance in names and (not e.scenarios or scenario in e.scenarios)]
+        self.failures: list[str] = []
+        self._timers: list[threading.Timer] = []
 
-        timer = threading.Timer(event.at_s, fire)
-        timer.daemon = True
-        timers.append(timer)
-    return timers
+    def fire(self, event: EventSpec) -> None:
+        self.console.print(f"[yellow]{self.scenario}: t={event.at_s:g}s: {event.action} {event.instance}[/yellow]")
+        try:
+            if event.action == "restart":
+                self.dep.restart(event.instance)
+                self.console.print(f"[yellow]{self.scenario}: {event.instance} is back[/yellow]")
+            else:
+                process = self.dep.instance(event.instance).process
+                if event.action == "kill_leader":
+                    os.kill(process.pid, signal.SIGKILL)
+                else:
+                    process.kill()
+        except Exception as error:  # a drill that failed is reported, and the run goes on
+            self.failures.append(f"{event.action} {event.instance}: {type(error).__name__}: {error}")
+
+    def start(self) -> None:
+        for event in self.events:
+            timer = threading.Timer(event.at_s, self.fire, args=(event,))
+            timer.daemon = True
+            self._timers.append(timer)
+            timer.start()
+
+    def finish(self) -> None:
+        for timer in self._timers:
+            timer.cancel()  # those not yet due never fire; those firing now finish
+        for timer in self._timers:
+            timer.join()
+        if self.failures:
+            raise LabError(f"{self.scenario}: drill(s) failed: {'; '.join(self.failures)}")
 
 
 def _measure(run: ExperimentRun, name: str, dep: Deployment, events: list[EventSpec], console: Console,
              baseline: bool = False) -> None:
-    timers = [] if baseline else _schedule_events(dep, name, events, console)
-    for timer in timers:
-        timer.start()
+    drills = Drills(dep, name, [] if baseline else events, console)
+    drills.start()
     try:
         run.measure_deployment(name, dep, baseline=baseline)
     finally:
-        for timer in timers:
-            timer.cancel()
+        drills.finish()
+
+
+def _scaled_events(lab: LabSpec, workload: Any) -> list[EventSpec]:
+    """The lab's events, their times scaled to a shortened (quick) load, so a drill still happens inside it."""
+    full = getattr(lab.workload, "duration_s", None)
+    now = getattr(workload, "duration_s", None)
+    if not full or not now or now >= full:
+        return list(lab.experiment.events)
+    return [event.model_copy(update={"at_s": event.at_s * now / full}) for event in lab.experiment.events]
 
 
 def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = None,
             runs_root: str | Path | None = None, run_dir: Path | None = None, progress: bool = True,
-            console: Console | None = None, only: list[str] | None = None) -> Path:
+            console: Console | None = None, only: list[str] | None = None, stand_ins: bool = False) -> Path:
     """Run every scenario of `lab` (or those in `only`) and return the run directory. Interrupted runs keep what
-    they measured, marked incomplete."""
+    they measured, marked incomplete. `stand_ins`: stand-in servers in place of vLLM (pdlab.benchmarks.standin),
+    for a quick drill of the router, the launcher and the load (e.g. the fault drills), not for measurements of
+    serving."""
     console = console or Console(stderr=True)
     if not lab.scenarios:
         raise LabError(f"lab {lab.name!r} has no `scenarios` to measure (`pdlab up` it instead)")
@@ -145,6 +180,7 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
     if workload is None:
         raise LabError(f"lab {lab.name!r} has no `workload` to run")
     exp = lab.experiment
+    events = _scaled_events(lab, workload)
     sweep_rows: list[dict] = []
     figures = []
     run = ExperimentRun(lab.name, workload, runs_root=runs_root, run_dir=run_dir, stall_k=exp.stall_k,
@@ -154,14 +190,14 @@ def run_lab(lab: LabSpec, *, quick: bool = False, duration_s: float | None = Non
         for name, group in itertools.groupby(points, key=lambda point: point.scenario):
             console.rule(f"{lab.name}: {name}")
             with Deployment(lab.scenarios[name], run_dir=run.dir / name / "deployment", progress=progress,
-                            console=console) as dep:
+                            console=console, stand_ins=stand_ins) as dep:
                 if isinstance(run.workload, MixedWorkload) and run.workload.needs_sizing:
                     run.set_workload(size_workload(run.workload, _sizing_url(dep), dep.served_model, dep.model_dir,
                                                    console))
                 for point in group:
                     if point.router:  # a sweep's value, set live
                         set_router(dep, **point.router)
-                    _measure(run, point.name, dep, exp.events, console, baseline=point.baseline)
+                    _measure(run, point.name, dep, events, console, baseline=point.baseline)
                     if point.router:
                         figures_now = run.summary()["scenarios"][point.name]
                         sweep_rows.append({"scenario": name, **point.router, **_headline(figures_now)})

@@ -50,13 +50,29 @@ def stalled_requests(per_request: pd.DataFrame) -> dict:
     return {"requests": count, "of": int(len(streamed)), "share": count / len(streamed) if len(streamed) else None}
 
 
+def failure_kinds(rows: pd.DataFrame, limit: int = 10) -> dict[str, int]:
+    """What failed: the failed requests counted by status, HTTP status and the first line of their error (the most
+    common `limit` kinds), e.g. `{"http_error 503: no decode instance is available": 3}`."""
+    failed = rows.drop(index=completed(rows).index)
+    if failed.empty:
+        return {}
+
+    def kind(row: pd.Series) -> str:
+        error = row["error"] if isinstance(row["error"], str) else ""
+        http = int(row["http_status"]) if pd.notna(row["http_status"]) else 0
+        return f"{row['status']} {http}: {error.splitlines()[0][:120] if error else '(no message)'}"
+
+    return {str(k): int(v) for k, v in failed.apply(kind, axis=1).value_counts().head(limit).items()}
+
+
 def request_counts(rows: pd.DataFrame, scheduled: int | None = None) -> dict:
     """sent = rows written (every request that was sent, whatever its end); completed = status ok with tokens;
     failed = sent - completed; not_sent = scheduled - sent (an interrupted run); by_status = rows per status."""
     sent = int(len(rows))
     done = int(len(completed(rows)))
     counts = {"sent": sent, "completed": done, "failed": sent - done,
-              "by_status": {str(k): int(v) for k, v in rows["status"].value_counts().sort_index().items()}}
+              "by_status": {str(k): int(v) for k, v in rows["status"].value_counts().sort_index().items()},
+              "failures": failure_kinds(rows)}
     if scheduled is not None:
         counts.update(scheduled=int(scheduled), not_sent=int(scheduled) - sent)
     late = rows["late_s"].dropna()
