@@ -212,8 +212,6 @@ COMMANDS: dict[str, Way] = {
     # --- labs the notebooks point at: their workloads, quick, at the session deployment
     "pdlab run labs/kv-pressure.yaml": Way(_quick_run("labs/kv-pressure.yaml"), "deployment",
                                            expect="Run directory", why=QUICK_RUN_WHY),
-    "pdlab run labs/fault-drills.yaml": Way(_quick_run("labs/fault-drills.yaml"), "deployment",
-                                            expect="Run directory", why=QUICK_RUN_WHY),
     "pdlab run labs/routing-strategies.yaml": Way(_quick_run("labs/routing-strategies.yaml"), "deployment",
                                                   expect="Run directory", why=QUICK_RUN_WHY),
     # --- the router's overhead benchmark (docs/router.md), against its stand-ins, cut to a few requests
