@@ -6,9 +6,19 @@ import json
 
 import pytest
 
-from pdlab.config import DeploymentSpec, validate
+from pdlab.config import DeploymentSpec, ModelRef, parse_lab, validate
 from pdlab.config.base import ConfigError
-from pdlab.deploy.plan import PlanError, assign_ports, check_cores, plan_deployment, port_in_use
+from pdlab.deploy import Deployment
+from pdlab.deploy.plan import (
+    PlanError,
+    assign_ports,
+    check_cores,
+    explain,
+    plan_deployment,
+    port_in_use,
+    shell_line,
+)
+from pdlab.netlab import NetLabUnavailable, leftovers, unavailable_reason
 from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT
 
 
@@ -93,3 +103,54 @@ def test_port_probe_sees_a_bound_port():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         assert port_in_use("127.0.0.1", sock.getsockname()[1])
+
+
+def test_explain_says_what_every_flag_key_and_variable_does():
+    prefill = plan_deployment(spec(), "/models/x", base_env={"UNRELATED": "1"}, cores=[0, 1])[0]
+    rows = explain(prefill)
+    kinds = {(row["kind"], row["name"]) for row in rows}
+    assert ("prefix", "taskset") in kinds and ("flag", "--kv-transfer-config") in kinds
+    assert {("kv", "kv_connector"), ("kv", "kv_role"), ("env", "UCX_TLS"),
+            ("env", "VLLM_NIXL_SIDE_CHANNEL_PORT")} <= kinds
+    assert all(row["meaning"] for row in rows), [row for row in rows if not row["meaning"]]
+    assert "UNRELATED" not in prefill.own_env and prefill.env["UNRELATED"] == "1"  # only what pdlab sets is shown
+    line = shell_line(prefill)
+    assert line.startswith("env VLLM_CPU_KVCACHE_SPACE=1 ") and "--kv-transfer-config '{" in line
+
+
+def test_parse_lab_names_the_wrong_field():
+    text = "name: x\ndeployment:\n  instances:\n    - {name: a, role: colocated, kv_cache_gb: 1}\n"
+    with pytest.raises(ConfigError, match=r"(?s)my spec: .*deployment\.instances\.0\.kv_cache_gb"):
+        parse_lab(text, source="my spec")
+    with pytest.raises(ConfigError, match=r"\(yaml\)"):
+        parse_lab("name: [unclosed", source="my spec")
+
+
+def two_node_spec(fallback: bool) -> DeploymentSpec:
+    return spec(nodes=[{"name": "prefill"}, {"name": "decode"}], connector={"kind": "nixl", "ucx_tls": "tcp,self"},
+                link={"mbps": 100, "fallback_to_loopback": fallback},
+                instances=[{"name": "prefill-0", "role": "prefill", "node": "prefill", "cores": [0]},
+                           {"name": "decode-0", "role": "decode", "node": "decode", "cores": [1]}])
+
+
+def test_dry_run_without_root_gives_each_node_a_loopback_address(monkeypatch):
+    for where in ("pdlab.netlab.iproute.unavailable_reason", "pdlab.netlab.unavailable_reason"):
+        monkeypatch.setattr(where, lambda: "pdlab netlab needs root")
+    planned = Deployment(two_node_spec(fallback=True).model_copy(
+        update={"model": ModelRef(name="pdlab-tiny")})).dry_run()
+    assert [p.spec.host for p in planned.instances] == ["127.0.0.1", "127.0.0.2"]
+    assert planned.netlab is None and "needs root" in planned.notes[0]
+    with pytest.raises(NetLabUnavailable, match="fallback_to_loopback"):
+        Deployment(two_node_spec(fallback=False)).dry_run()
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason="netlab needs root and iproute2")
+def test_dry_run_on_two_nodes_shows_the_namespaces_and_makes_nothing():
+    dep = Deployment(two_node_spec(fallback=False).model_copy(update={"model": ModelRef(name="pdlab-tiny")}))
+    planned = dep.dry_run()
+    prefill, decode = planned.instances
+    assert prefill.argv[:3] == ["ip", "netns", "exec"] and prefill.argv[3].endswith("-prefill")
+    assert decode.spec.host.startswith("10.77.") and decode.own_env["UCX_NET_DEVICES"] == "pdlab0"
+    assert decode.own_env["UCX_TLS"] == "tcp,self" and planned.netlab["shaped"]["mbps"] == 100
+    assert prefill.argv[3] not in leftovers()["namespaces"]
+    assert planned.router is None

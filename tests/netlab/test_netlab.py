@@ -297,3 +297,33 @@ def test_two_nodes_link_lab_validates_and_orders_its_links():
     for spec in linked.values():
         assert all(inst.node for inst in spec.instances)
         assert link_only_tls(spec.connector.ucx_tls) == spec.connector.ucx_tls  # nothing bypasses the link
+
+
+def tbf_rates(lab: NetLab) -> list[str]:
+    """The rate of every tbf qdisc of a run (each node's interface and its switch port)."""
+    rates = []
+    for netns in leftovers(lab.run_id)["namespaces"]:
+        for device in json.loads(ip("-j", "link", "show", netns=netns) or "[]"):
+            out = subprocess.run(["tc", "-n", netns, "-j", "qdisc", "show", "dev", device["ifname"]],
+                                 capture_output=True, text=True).stdout
+            rates += [q["options"]["rate"] for q in json.loads(out or "[]") if q.get("kind") == "tbf"]
+    return rates
+
+
+@needs_root
+def test_set_rate_reshapes_the_running_link():
+    with NetLab(NODES, LinkSpec(mbps=200)) as lab:
+        assert len(tbf_rates(lab)) == 4
+        rate = lab.set_rate(20)
+        assert rate.mbps == 20 and lab.describe()["shaped"]["mbps"] == 20
+        assert set(tbf_rates(lab)) == {20_000_000 // 8}, "tc reports rates in bytes per second"
+        moved = transfer(lab.exec_prefix("prefill"), lab.exec_prefix("decode"), lab.address("decode"),
+                         lab.address("prefill"), 2_500_000)
+    low, high = TOLERANCE
+    assert low * 20 <= moved.mbps <= high * 20, f"measured {moved.mbps:.1f} Mbit/s after re-shaping to 20"
+    assert nothing_left(lab.run_id)
+
+
+def test_set_rate_needs_a_running_netlab():
+    with pytest.raises(RuntimeError, match="not up"):
+        NetLab(NODES, LinkSpec(mbps=200)).set_rate(10)

@@ -14,7 +14,7 @@ from pdlab.config.deployment import (
     NodeSpec,
     Role,
 )
-from pdlab.config.lab import LabSpec, load_lab
+from pdlab.config.lab import LabSpec, load_lab, parse_lab
 from pdlab.config.router import (
     FallbackPolicy,
     KVProtocol,
@@ -58,6 +58,7 @@ __all__ = [
     "TraceWorkload",
     "WorkloadSpec",
     "load_lab",
+    "parse_lab",
     "load_yaml",
     "parse_workload",
     "validate",

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import Field, model_validator
 
-from pdlab.config.base import Spec, load_yaml
+from pdlab.config.base import ConfigError, Spec, load_yaml, validate
 from pdlab.config.cluster import ClusterSpec
 from pdlab.config.deployment import DeploymentSpec
 from pdlab.config.workload import WorkloadSpec
@@ -166,3 +167,13 @@ def load_lab(path: str | Path) -> LabSpec:
     """Load and validate a lab spec; errors name the file and each bad field."""
     return load_yaml(path, LabSpec)
 
+
+
+def parse_lab(text: str, source: str = "lab spec") -> LabSpec:
+    """Validate a lab spec written as YAML text (a notebook cell, a string); errors name `source` and each bad
+    field, as for a file."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(source, [("(yaml)", str(error))]) from None
+    return validate(LabSpec, {} if data is None else data, source=source)

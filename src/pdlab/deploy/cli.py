@@ -28,6 +28,9 @@ def up(
     lab: Path = typer.Argument(..., help="Lab spec (YAML) whose deployment to start, e.g. labs/local-1p1d.yaml."),
     foreground: bool = typer.Option(False, "--foreground", "-f",
                                     help="Stay attached; Ctrl-C stops everything. Default: detach once healthy."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Start nothing: print each instance's command line and environment, what "
+                                      "each flag and variable does, and the router's command line."),
 ) -> None:
     """Start a deployment's vLLM instances (and router) and wait until they are healthy."""
     import time
@@ -36,6 +39,9 @@ def up(
 
     spec = load_deployment(lab)
     dep = Deployment(spec, detached=not foreground)
+    if dry_run:
+        _print_dry_run(dep)
+        return
     try:
         dep.start()
     except DeployError as error:
@@ -54,6 +60,36 @@ def up(
         console.print("stopping ...")
     finally:
         dep.stop()
+
+
+def _print_dry_run(dep) -> None:  # type: ignore[no-untyped-def]
+    import shlex
+
+    from pdlab.deploy.plan import explain, shell_line
+    from pdlab.netlab import NetLabUnavailable
+
+    try:
+        planned = dep.dry_run()
+    except NetLabUnavailable as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    for note in planned.notes:
+        console.print(f"[yellow]{note}[/yellow]")
+    if planned.netlab is not None:
+        nodes = ", ".join(f"{name} {node['address']} ({node['netns']})"
+                          for name, node in planned.netlab["nodes"].items())
+        console.print(f"nodes: {nodes}; link shaped to {planned.netlab['shaped']['mbps']:g} Mbit/s")
+    for plan in planned.instances:
+        console.rule(f"{plan.name} ({plan.spec.role})")
+        console.print(shell_line(plan), markup=False, highlight=False, soft_wrap=True)
+        table = Table("kind", "name", "value", "what it does")
+        table.columns[2].overflow = "fold"
+        for row in explain(plan):
+            table.add_row(row["kind"], row["name"], row["value"], row["meaning"])
+        console.print(table)
+    if planned.router is not None:
+        console.rule("router")
+        console.print(shlex.join(planned.router), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_deployment(dep) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -68,6 +69,25 @@ class RunningInstance:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+
+def loopback_address(index: int) -> str:
+    """The loopback address of node `index` when a two-node deployment runs without its shaped link: each node
+    keeps an address of its own (Linux answers on all of 127.0.0.0/8)."""
+    return f"127.0.0.{index + 1}"
+
+
+@dataclass
+class DryRun:
+    """What a deployment's start would run (`Deployment.dry_run`, `pdlab up --dry-run`)."""
+
+    instances: list[InstancePlan]
+    router: list[str] | None
+    """The router's command line, when the deployment has one."""
+    netlab: dict | None
+    """The nodes' namespaces, addresses and shaped link (NetLab.describe), when it runs on two nodes."""
+    notes: list[str]
+    """What differs from the spec here (e.g. no root: loopback addresses instead of the shaped link)."""
 
 
 def _timestamp() -> str:
@@ -172,7 +192,10 @@ class Deployment:
             self.netlab = netlab.for_deployment(self.spec)
             if self.netlab is not None:
                 self.netlab.__enter__()
-            plans = self._plan()
+            elif self.spec.nodes:
+                self.console.print(f"[yellow]no shaped link: {netlab.unavailable_reason()}; each node gets a "
+                                   "loopback address of its own instead (link.fallback_to_loopback)[/yellow]")
+            plans = self._plan(self.model_dir, self.netlab)
         except (model.ModelError, PlanError, netlab.NetLabUnavailable) as error:
             self._teardown_netlab()
             raise DeployError(str(error)) from None
@@ -211,25 +234,53 @@ class Deployment:
                               for p in plans],
                 "netlab": self.netlab.describe() if self.netlab else None, "stand_ins": self.stand_ins}
 
-    def _plan(self, check_ports: bool = True) -> list[InstancePlan]:
+    def dry_run(self) -> DryRun:
+        """What `start()` would run, deciding everything and starting nothing: each instance's command line and
+        environment, the router's command line, and the nodes' addresses (the subnet a start would take now).
+        A model not made yet is shown at the path it will be made in."""
+        name = self.spec.model.name
+        try:
+            model_dir = model.resolve(name, make=False)
+        except model.ModelError:
+            if name not in model.CATALOG:
+                raise
+            model_dir = str(model.model_path(name))
+        lab = netlab.for_deployment(self.spec)  # raises NetLabUnavailable when it may not fall back
+        notes = []
+        if lab is not None:
+            lab.preview()
+        elif self.spec.nodes:
+            notes.append(f"no shaped link here: {netlab.unavailable_reason()}; each node gets a loopback address "
+                         "of its own instead (link.fallback_to_loopback)")
+        plans = self._plan(model_dir, lab, check_ports=False)
+        router = None
+        if self.spec.router is not None:
+            router = router_command(self.spec.router, self._upstreams(plans, model_dir))
+        return DryRun(plans, router, lab.describe() if lab is not None else None, notes)
+
+    def _plan(self, model_dir: str, lab: netlab.NetLab | None, check_ports: bool = True) -> list[InstancePlan]:
         """Plan the processes; on a two-node deployment, put each instance on its node's address and inside its
-        namespace, with UCX restricted to the node's link (shared memory would bypass it)."""
+        namespace, with UCX restricted to the node's link (shared memory would bypass it). Falling back to
+        loopback, each node gets a loopback address of its own (127.0.0.1, 127.0.0.2, ...)."""
         spec = self.spec
-        if self.netlab is not None:
-            lab = self.netlab
+        if spec.nodes:
+            nodes = [node.name for node in spec.nodes]
+            address = lab.address if lab is not None else (lambda node: loopback_address(nodes.index(node)))
             spec = spec.model_copy(update={"instances": [
-                inst.model_copy(update={"host": lab.address(inst.node)}) if inst.node else inst
+                inst.model_copy(update={"host": address(inst.node)}) if inst.node else inst
                 for inst in spec.instances]})
-        plans = plan_deployment(spec, self.model_dir, stand_ins=self.stand_ins)
+        plans = plan_deployment(spec, model_dir, stand_ins=self.stand_ins)
         if check_ports:
-            loopback = [p for p in plans if p.spec.node is None or self.netlab is None]
+            loopback = [p for p in plans if p.spec.node is None or lab is None]
             router_port = [("router", spec.router.host, spec.router.port)] if spec.router else []
             check_ports_free(loopback, router_port)  # a node's ports live in its own namespace
-        if self.netlab is not None:
+        if lab is not None:
             for plan in plans:
                 if plan.spec.node:
-                    plan.argv = self.netlab.exec_prefix(plan.spec.node) + plan.argv
-                    plan.env.update(self.netlab.env(plan.spec.node, spec.connector.ucx_tls))
+                    plan.argv = lab.exec_prefix(plan.spec.node) + plan.argv
+                    node_env = lab.env(plan.spec.node, spec.connector.ucx_tls)
+                    plan.env.update(node_env)
+                    plan.own_env.update(node_env)
         return plans
 
     def _warm_up(self) -> None:
@@ -311,7 +362,7 @@ class Deployment:
         the start; returns it once healthy. Requests meanwhile: the router's breaker keeps them off it, and its
         health check lets them back once it answers. Works on an attached deployment (`pdlab restart`) too."""
         old = self.instance(name)
-        plan = next((p for p in self._plan(check_ports=False) if p.name == name), None)
+        plan = next((p for p in self._plan(self.model_dir, self.netlab, check_ports=False) if p.name == name), None)
         if plan is None:
             raise DeployError(f"instance {name!r} is not in the deployment's plan")
         old.process.stop(timeout_s=10)
@@ -346,9 +397,14 @@ class Deployment:
 
     def router_upstreams(self) -> RouterUpstreams:
         """What the router fronts: this deployment's instances, model and KV block size."""
-        block_size = next((i.spec.engine.block_size for i in self.instances if i.spec.engine.block_size), None)
-        return RouterUpstreams(prefill=self.urls("prefill"), decode=self.urls("decode") + self.urls("colocated"),
-                               model=self.served_model, tokenizer=self.model_dir,
+        return self._upstreams(self.instances, self.model_dir)
+
+    def _upstreams(self, instances: Sequence[RunningInstance | InstancePlan], model_dir: str) -> RouterUpstreams:
+        """The router's upstreams among `instances` (running, or planned by a dry run)."""
+        urls = {role: [i.url for i in instances if i.spec.role == role] for role in ("prefill", "decode", "colocated")}
+        block_size = next((i.spec.engine.block_size for i in instances if i.spec.engine.block_size), None)
+        return RouterUpstreams(prefill=urls["prefill"], decode=urls["decode"] + urls["colocated"],
+                               model=self.served_model, tokenizer=model_dir,
                                max_model_len=self.spec.model.max_model_len,
                                block_size=block_size or VLLM_CPU_BLOCK_SIZE)
 

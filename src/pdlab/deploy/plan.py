@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -27,6 +28,9 @@ class InstancePlan:
     spec: InstanceSpec  # with port and nixl_side_channel_port filled in
     argv: list[str]
     env: dict[str, str] = field(repr=False)
+    """The whole environment the process gets (the caller's, plus what pdlab sets)."""
+    own_env: dict[str, str] = field(default_factory=dict)
+    """The variables pdlab sets (or overrides) for this instance: what `pdlab up --dry-run` shows."""
 
     @property
     def name(self) -> str:
@@ -188,9 +192,10 @@ def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, st
     check_cores(instances, available_cores() if cores is None else cores)
     env = dict(os.environ if base_env is None else base_env)
     if stand_ins:
-        return [InstancePlan(inst, stand_in_argv(spec, inst), {**env, "PYTHONUNBUFFERED": "1"}) for inst in instances]
-    return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env))
-            for inst in instances]
+        return [InstancePlan(inst, stand_in_argv(spec, inst), {**env, "PYTHONUNBUFFERED": "1"},
+                             {"PYTHONUNBUFFERED": "1"}) for inst in instances]
+    return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env),
+                         vllm_env(spec, inst, model_dir, {})) for inst in instances]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -216,3 +221,112 @@ def check_ports_free(plans: list[InstancePlan], extra: list[tuple[str, str, int]
                 f"{name}: {what} {port} on {host} is already in use. Stop what holds it (`pdlab status` / "
                 f"`pdlab down` if it is an earlier pdlab deployment), or set another port in the lab spec."
             )
+
+
+# -- what each part of a plan means (`pdlab up --dry-run`, notebook 00) ----------------------------------------------
+
+#: What each vLLM flag pdlab may pass does, and why pdlab passes it.
+FLAG_HELP = {
+    "--model": "the model directory vLLM loads (config.json, weights, tokenizer); pdlab makes its local models",
+    "--served-model-name": "the name clients put in a request's `model` field",
+    "--host": "the address the HTTP server binds: loopback unless the lab says otherwise (a node's own address "
+              "on two nodes)",
+    "--port": "the HTTP port of the OpenAI-compatible API (/v1/completions, /health, /metrics)",
+    "--dtype": "weights and activations dtype; float32 runs about 3x faster than bfloat16 on CPUs without bf16 "
+               "matrix units",
+    "--max-model-len": "the longest context (prompt + answer) the instance accepts",
+    "--enforce-eager": "no torch.compile or graph capture: saves a warm-up of 40+ s per new shape on 2 cores",
+    "--enable-prefix-caching": "keep and reuse the KV blocks of prompt prefixes seen before",
+    "--no-enable-prefix-caching": "never reuse KV blocks across requests, so a measurement does not depend on what "
+                                  "ran before",
+    "--enable-chunked-prefill": "split a long prefill over several steps so decodes keep running between them",
+    "--no-enable-chunked-prefill": "prefill a prompt in as few steps as the token budget allows",
+    "--max-num-batched-tokens": "the token budget of one scheduler step (decode tokens + prefill tokens): the "
+                                "knob that bounds how long a prefill can hold up a step",
+    "--max-num-seqs": "the most sequences batched in one step",
+    "--block-size": "tokens per KV block: the unit the cache is allocated, reused and transferred in",
+    "--num-gpu-blocks-override": "the KV cache's size in blocks, in place of what VLLM_CPU_KVCACHE_SPACE holds",
+    "--kv-transfer-config": "turns on a KV connector: how this instance hands KV caches to, or takes them from, "
+                            "other instances (JSON; its keys below)",
+}
+
+#: The keys of `--kv-transfer-config` pdlab writes.
+KV_CONFIG_HELP = {
+    "kv_connector": "which connector: NixlConnector moves KV blocks with NIXL (here over UCX; over EFA through "
+                    "libfabric on AWS)",
+    "kv_role": "kv_both: the instance can send and receive; whether it prefills or decodes a request is decided "
+               "per request by its kv_transfer_params",
+    "kv_buffer_device": "where the connector stages KV blocks for transfer: cpu here, cuda on a GPU",
+    "kv_load_failure_policy": "fail: a decode instance that cannot pull a KV cache ends the request with an error "
+                              "instead of silently prefilling it itself",
+    "kv_connector_extra_config": "connector options; `backends` lists NIXL's transports (UCX locally, LIBFABRIC "
+                                 "for EFA)",
+}
+
+#: The environment variables pdlab sets for a vLLM instance.
+ENV_HELP = {
+    "VLLM_CPU_KVCACHE_SPACE": "GiB of memory for the KV cache (vLLM's CPU default would take half the RAM)",
+    "VLLM_CPU_OMP_THREADS_BIND": "the cores vLLM's compute threads are bound to: this instance's core(s)",
+    "OMP_NUM_THREADS": "as many compute threads as the instance has cores",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "where this instance's NIXL side channel listens: peers fetch its NIXL "
+                                   "metadata (memory registrations, engine id) there before the first transfer",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "the side channel's port; each instance on a host needs its own",
+    "UCX_TLS": "the transports UCX may use (tcp, self = within a process, sm = shared memory between processes); "
+               "on two nodes shared memory is left out so the KV cache crosses the link",
+    "UCX_NET_DEVICES": "the network interface UCX sends on (a node's link)",
+    "UCX_USE_MT_MUTEX": "UCX's worker lock as a mutex, not a spinlock: with NIXL's progress thread at idle "
+                        "priority a spinlock froze the decode instance 0.4-1.6 s around KV reads",
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "seconds an idle keep-alive connection stays open (the router reuses them)",
+    "PYTHONHASHSEED": "the same seed in every instance: vLLM's block hashes, and so prefix reuse, must agree "
+                      "across instances",
+    "VLLM_NO_USAGE_STATS": "send no usage statistics",
+    "DO_NOT_TRACK": "send no usage statistics",
+    "TOKENIZERS_PARALLELISM": "no tokenizer thread pool beside the instance's pinned threads",
+    "PYTHONUNBUFFERED": "log lines reach the instance's log file at once",
+    "HF_HUB_OFFLINE": "a local model needs no model hub: fail fast instead of trying to reach one",
+}
+
+#: What a command's prefix does.
+PREFIX_HELP = {
+    "taskset": "pins the whole process tree to the instance's cores from the start",
+    "ip": "`ip netns exec NS`: runs the process inside its node's network namespace (its own interface and address)",
+}
+
+
+def explain(plan: InstancePlan) -> list[dict[str, str]]:
+    """One row per part of an instance's command line and pdlab-set environment: `kind` (prefix, flag, kv, env),
+    `name`, `value` and what it means."""
+    rows: list[dict[str, str]] = []
+    argv = plan.argv
+    start = next(i for i, arg in enumerate(argv) if arg == "-m") - 1  # the python interpreter
+    prefix_args = {"ip": 3, "taskset": 2}  # `ip netns exec NS`, `taskset -c CORES`
+    i = 0
+    while i < start:
+        name = Path(argv[i]).name
+        taken = prefix_args.get(name, 0)
+        if name in PREFIX_HELP:
+            rows.append({"kind": "prefix", "name": name, "value": " ".join(argv[i + 1:i + 1 + taken]),
+                         "meaning": PREFIX_HELP[name]})
+        i += 1 + taken
+    rows.append({"kind": "command", "name": "python -m", "value": argv[start + 2],
+                 "meaning": "vLLM's OpenAI-compatible server (what `vllm serve` runs)"})
+    i = start + 3
+    while i < len(argv):
+        flag = argv[i]
+        value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+        rows.append({"kind": "flag", "name": flag, "value": value, "meaning": FLAG_HELP.get(flag, "passed through "
+                                                                                         "from the lab spec")})
+        if flag == "--kv-transfer-config":
+            for key, setting in json.loads(value).items():
+                rows.append({"kind": "kv", "name": key, "value": json.dumps(setting),
+                             "meaning": KV_CONFIG_HELP.get(key, "")})
+        i += 2 if value else 1
+    for name, value in plan.own_env.items():
+        rows.append({"kind": "env", "name": name, "value": value, "meaning": ENV_HELP.get(name, "")})
+    return rows
+
+
+def shell_line(plan: InstancePlan) -> str:
+    """The instance's command as one shell line (pdlab-set variables first), to read or to run by hand."""
+    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in plan.own_env.items())
+    return f"env {env} {shlex.join(plan.argv)}"

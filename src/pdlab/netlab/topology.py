@@ -301,9 +301,29 @@ class NetLab:
             self._shape(NODE_IFNAME, netns)  # what the node sends
             self._shape(port, switch)  # what the node receives
 
-    def _shape(self, device: str, netns: str) -> None:
+    def set_rate(self, mbps: float) -> ShapedRate:
+        """Re-shape the running link to `mbps` (both directions of every node, as at creation), without
+        restarting what runs on the nodes: `tc qdisc change` on the same tbf qdiscs. Returns the new rate."""
+        if self.subnet is None:
+            raise RuntimeError("NetLab is not up: use it as a context manager")
+        link = self.link.model_copy(update={"mbps": mbps})
+        self.rate, self.burst_bytes = shaped_rate(link), burst_bytes(link, mbps)
+        self.link = link
+        for index, name in enumerate(self.nodes):
+            self._shape(NODE_IFNAME, self.netns(name), "change")
+            self._shape(f"p{index}", run_netns(self.run_id), "change")
+        return self.rate
+
+    def preview(self) -> NetLab:
+        """This netlab with the subnet `__enter__` would take now (the first free one), making nothing: its
+        addresses, namespaces and environment for a dry run. Not a running netlab: never enter it afterwards."""
+        iproute.preflight()
+        self.subnet = _free_subnet()
+        return self
+
+    def _shape(self, device: str, netns: str, verb: str = "add") -> None:
         kbit = max(1, round(self.rate.mbps * 1000))
-        iproute.tc("qdisc", "add", "dev", device, "root", "tbf", "rate", f"{kbit}kbit",
+        iproute.tc("qdisc", verb, "dev", device, "root", "tbf", "rate", f"{kbit}kbit",
                    "burst", str(self.burst_bytes), "latency", TBF_LATENCY, netns=netns)
 
     def _name(self, node: str | NodeSpec) -> str:
