@@ -75,3 +75,16 @@ def test_no_nixl_metrics_is_all_zero():
     stats = parse_kv_transfer(text)
     assert stats == KVTransferStats()
     assert stats.mean_bytes is None and stats.throughput_mb_s is None
+
+
+def test_prefix_cache_counters_give_the_hit_rate():
+    registry, _ = vllm_like_registry()
+    queries = Counter("vllm:prefix_cache_queries", "tokens looked up", LABELS, registry=registry)
+    hits = Counter("vllm:prefix_cache_hits", "tokens found", LABELS, registry=registry)
+    for engine, asked, found in (("0", 1000, 600), ("1", 1000, 200)):
+        queries.labels("pdlab-small", engine).inc(asked)
+        hits.labels("pdlab-small", engine).inc(found)
+    stats = parse_kv_transfer(generate_latest(registry).decode())
+    assert (stats.prefix_queried_tokens, stats.prefix_hit_tokens) == (2000, 800)
+    assert stats.prefix_hit_rate == pytest.approx(0.4)
+    assert KVTransferStats().prefix_hit_rate is None and "prefix_hit_rate" in stats.as_dict()

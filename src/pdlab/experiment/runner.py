@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -97,12 +98,14 @@ class ExperimentRun:
         self.finish(complete=exc_type is None)
 
     def measure(self, scenario: str, base_url: str, *, model: str, model_dir: str | Path, baseline: bool = False,
-                kv_urls: Sequence[str] = (), workload: Workload | None = None) -> pd.DataFrame:
+                kv_urls: Sequence[str] = (), workload: Workload | None = None, stop: threading.Event | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
         """Send the workload at `base_url` (router or instance) and record it as `scenario`. With `baseline`,
         long requests are left out of the same schedule (short and probe requests keep their times): the
         short requests alone, for comparison. `kv_urls` are instances whose NIXL figures are scraped before and
         after. `workload` replaces the run's workload for this scenario (e.g. one rate of a sweep; it is saved
-        as `<scenario>/workload.json`). Returns the raw rows."""
+        as `<scenario>/workload.json`). `stop` and `on_progress` go to `run_load` (a widget's Cancel button and
+        progress bar). Returns the raw rows."""
         if scenario in self.scheduled:
             raise ValueError(f"scenario {scenario!r} was already measured in this run")
         out = self.dir / scenario
@@ -118,7 +121,8 @@ class ExperimentRun:
         schedule_path = write_schedule(schedule, out / rundir.SCHEDULE)
         before = {url: _scrape_or_none(url) for url in kv_urls}
         result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
-                          timeout_s=workload.timeout_s, progress=self.progress, label=scenario)
+                          timeout_s=workload.timeout_s, progress=self.progress, label=scenario, stop=stop,
+                          on_progress=on_progress)
         if kv_urls:
             after = {url: _scrape_or_none(url) for url in kv_urls}
             # An instance that is gone (a failure drill) has no figures to give; count the ones still up.

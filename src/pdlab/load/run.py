@@ -10,7 +10,9 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +55,13 @@ def count_rows(rows_path: Path) -> int:
 
 def run_load(base_url: str, schedule_path: str | Path, out_dir: str | Path, model: str, *,
              api: str = "completions", users: int | None = None, timeout_s: float = 600.0,
-             progress: bool = True, label: str = "load") -> LoadResult:
+             progress: bool = True, label: str = "load", stop: threading.Event | None = None,
+             on_progress: Callable[[int, int], None] | None = None) -> LoadResult:
     """Send the schedule at `base_url` (a router or an instance) and write `rows.csv`, locust's CSVs and
     `locust.log` into `out_dir`. Blocks until every request has ended; Ctrl-C stops locust cleanly (rows of
-    requests in flight are written with status `interrupted`) and is re-raised."""
+    requests in flight are written with status `interrupted`) and is re-raised. Setting `stop` (from another
+    thread: a widget's Cancel button) stops locust the same way and returns what was recorded, `interrupted`;
+    `on_progress(recorded, scheduled)` is called as rows arrive (a widget's progress bar)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     schedule = read_schedule(schedule_path)
@@ -74,7 +79,9 @@ def run_load(base_url: str, schedule_path: str | Path, out_dir: str | Path, mode
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _watch(process, rows_path, len(schedule), progress, label)
+            interrupted = _watch(process, rows_path, len(schedule), progress, label, stop, on_progress)
+            if interrupted:
+                _stop(process)
         except KeyboardInterrupt:
             interrupted = True
             _stop(process)
@@ -91,14 +98,25 @@ def run_load(base_url: str, schedule_path: str | Path, out_dir: str | Path, mode
     return result
 
 
-def _watch(process: subprocess.Popen, rows_path: Path, total: int, show: bool, label: str) -> None:
+def _watch(process: subprocess.Popen, rows_path: Path, total: int, show: bool, label: str,
+           stop: threading.Event | None = None, on_progress: Callable[[int, int], None] | None = None) -> bool:
+    """Show progress until locust exits; True when `stop` was set first (the caller stops locust)."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not show, transient=False) as bar:
         task = bar.add_task(label, total=total)
         while process.poll() is None:
-            bar.update(task, completed=count_rows(rows_path))
-            time.sleep(0.25)
+            recorded = count_rows(rows_path)
+            bar.update(task, completed=recorded)
+            if on_progress is not None:
+                on_progress(recorded, total)
+            if stop is not None and stop.wait(0.25):
+                return True
+            if stop is None:
+                time.sleep(0.25)
         bar.update(task, completed=count_rows(rows_path))
+        if on_progress is not None:
+            on_progress(count_rows(rows_path), total)
+    return False
 
 
 def _stop(process: subprocess.Popen) -> None:

@@ -6,7 +6,9 @@ transfer), `vllm:nixl_bytes_transferred` (bytes per transfer), `vllm:nixl_num_de
 `vllm:nixl_num_failed_transfers`, `vllm:nixl_num_failed_notifications`, `vllm:nixl_num_kv_expired_reqs`,
 `vllm:nixl_num_notifications_after_expiry`. They are recorded on the instance that pulls the KV (the decode
 side), cumulative since start: scrape before and after a run and subtract. Beside them, every engine's
-`vllm:num_preemptions` counter: requests whose KV was dropped because the cache ran out (recomputed later).
+`vllm:num_preemptions` counter: requests whose KV was dropped because the cache ran out (recomputed later), and its
+prefix-cache counters `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits` (prompt tokens looked up in the prefix
+cache, and found there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers"
 FAILED_NOTIFICATIONS = "vllm:nixl_num_failed_notifications"
 KV_EXPIRED = "vllm:nixl_num_kv_expired_reqs"
 PREEMPTIONS = "vllm:num_preemptions"
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_HITS = "vllm:prefix_cache_hits"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,10 @@ class KVTransferStats:
     kv_expired: float = 0
     preemptions: float = 0
     """Requests preempted (their KV dropped for lack of cache, to be recomputed)."""
+    prefix_queried_tokens: float = 0
+    """Prompt tokens looked up in the prefix cache (instances with prefix caching on)."""
+    prefix_hit_tokens: float = 0
+    """Of those, tokens found there: their KV was reused, not computed."""
 
     def __sub__(self, earlier: KVTransferStats) -> KVTransferStats:
         return KVTransferStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
@@ -65,9 +73,14 @@ class KVTransferStats:
         """Bytes over transfer time (MB = 1e6 bytes): the link speed while transferring."""
         return self.bytes / self.xfer_seconds / 1e6 if self.xfer_seconds else None
 
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Share of looked-up prompt tokens found in the prefix cache."""
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else None
+
     def as_dict(self) -> dict:
         return {**asdict(self), "mean_bytes": self.mean_bytes, "mean_xfer_ms": self.mean_xfer_ms,
-                "throughput_mb_s": self.throughput_mb_s}
+                "throughput_mb_s": self.throughput_mb_s, "prefix_hit_rate": self.prefix_hit_rate}
 
 
 def parse_kv_transfer(text: str) -> KVTransferStats:
@@ -87,6 +100,8 @@ def parse_kv_transfer(text: str) -> KVTransferStats:
         failed_notifications=sums.get(f"{FAILED_NOTIFICATIONS}_total", 0.0),
         kv_expired=sums.get(f"{KV_EXPIRED}_total", 0.0),
         preemptions=sums.get(f"{PREEMPTIONS}_total", 0.0),
+        prefix_queried_tokens=sums.get(f"{PREFIX_QUERIES}_total", 0.0),
+        prefix_hit_tokens=sums.get(f"{PREFIX_HITS}_total", 0.0),
     )
 
 
@@ -95,3 +110,63 @@ def scrape_kv_transfer(base_url: str, timeout_s: float = 5.0) -> KVTransferStats
     response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
     response.raise_for_status()
     return parse_kv_transfer(response.text)
+
+
+@dataclass(frozen=True)
+class TransferTrace:
+    """One request through prefill -> decode, timed from the client and from the decode instance's NIXL figures:
+    the parts of its time to first token."""
+
+    prompt_tokens: int
+    prefill_s: float
+    """Call 1: sent to the prefill instance until it answered (its queue and the prompt's prefill)."""
+    decode_first_token_s: float
+    """Call 2: sent to the decode instance until its first token (wait, transfer, first decode step)."""
+    transfer_s: float
+    """The KV read as vLLM timed it on the decode instance (`vllm:nixl_xfer_time_seconds`)."""
+    bytes: float
+    """KV bytes the read moved (`vllm:nixl_bytes_transferred`)."""
+    step_s: float
+    """One decode step of this request: the median gap between its later tokens."""
+    blocks: int
+    """KV blocks the prefill instance handed over (`remote_block_ids`)."""
+
+    @property
+    def wait_s(self) -> float:
+        """The rest of call 2 before its transfer: the HTTP hop, scheduling, the NIXL handshake and posting the
+        read, and any wait for a busy sender (a prefill instance computing serves reads only between steps)."""
+        return max(0.0, self.decode_first_token_s - self.transfer_s - self.step_s)
+
+    @property
+    def throughput_mb_s(self) -> float | None:
+        return self.bytes / self.transfer_s / 1e6 if self.transfer_s else None
+
+
+def handed_over_blocks(kv_transfer_params: dict | None) -> int:
+    """KV blocks a prefill instance's answer hands over: its `remote_block_ids`, which vLLM 0.32 lists per KV cache
+    group (one list per group; one group for these models)."""
+    ids = (kv_transfer_params or {}).get("remote_block_ids") or []
+    return sum(len(group) if isinstance(group, list) else 1 for group in ids)
+
+
+async def trace_pd_request(prefill_url: str, decode_url: str, model: str, prompt: str,
+                           max_tokens: int = 8) -> TransferTrace:
+    """Send one request through prefill -> decode by hand (`pdlab.pdrequest`), scraping the decode instance's NIXL
+    figures before and after, and return its parts. Run requests one at a time: the scrape difference is the
+    traced request's only if nothing else moves KV to that decode instance meanwhile."""
+    import asyncio
+    import itertools
+    import statistics
+
+    from pdlab.pdrequest import pd_completion_async
+
+    before = await asyncio.to_thread(scrape_kv_transfer, decode_url)
+    answer = await pd_completion_async(prefill_url, decode_url, model, prompt, max_tokens=max(3, max_tokens))
+    moved = await asyncio.to_thread(scrape_kv_transfer, decode_url) - before
+    times = answer.token_times_s
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    return TransferTrace(
+        prompt_tokens=answer.prompt_tokens or 0, prefill_s=answer.prefill_s,
+        decode_first_token_s=answer.ttft_s - answer.prefill_s, transfer_s=moved.xfer_seconds, bytes=moved.bytes,
+        step_s=statistics.median(gaps) if gaps else 0.0,
+        blocks=handed_over_blocks(answer.kv_transfer_params))

@@ -127,3 +127,26 @@ def percentiles(values: Iterable[float], scale: float = 1.0, qs: tuple[int, ...]
         return {**{f"p{q}": None for q in qs}, "max": None, "mean": None, "count": 0}
     stats = {f"p{q}": float(np.percentile(data, q)) for q in qs}
     return {**stats, "max": float(data.max()), "mean": float(data.mean()), "count": int(data.size)}
+
+
+def stall_causes(rows: pd.DataFrame, cls: str = "short", prefill_cls: str = "long",
+                 stall_k: float = DEFAULT_STALL_K) -> pd.DataFrame:
+    """Each stalled gap of a `cls` request, longest first, with the `prefill_cls` request whose prefill overlapped
+    it most (`long_request`, its prefill `long_t0_s`-`long_t1_s`, `overlap_s`; none and 0 when no prefill did):
+    the prompt that held the stream up, when both ran on one instance."""
+    stalled = gaps(rows, stall_k)
+    stalled = stalled[stalled["stall"] & (stalled["cls"] == cls)].sort_values("gap_s", ascending=False)
+    prefills = prefill_intervals(rows, prefill_cls)
+    out = []
+    for _, gap in stalled.iterrows():
+        overlap = (np.minimum(prefills["t1_s"], gap["t1_s"]) - np.maximum(prefills["t0_s"], gap["t0_s"])).clip(0)
+        best = int(overlap.to_numpy().argmax()) if len(prefills) else -1
+        found = best >= 0 and overlap.iloc[best] > 0
+        out.append({**gap.drop("stall").to_dict(),
+                    "long_request": prefills["request_id"].iloc[best] if found else None,
+                    "long_t0_s": prefills["t0_s"].iloc[best] if found else math.nan,
+                    "long_t1_s": prefills["t1_s"].iloc[best] if found else math.nan,
+                    "overlap_s": float(overlap.iloc[best]) if found else 0.0})
+    columns = ["request_id", "cls", "path", "index", "t0_s", "t1_s", "gap_s", "median_s", "long_request",
+               "long_t0_s", "long_t1_s", "overlap_s"]
+    return pd.DataFrame(out, columns=columns)

@@ -3,7 +3,7 @@ and `write_report` draw the same pictures."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -187,5 +187,65 @@ def counts_table(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.pivot_table(index="cls", columns="status", values="request_id", aggfunc="count", fill_value=0)
 
 
-__all__ = ["counts_table", "itl_cdf_figure", "sweep_figure", "timeline_figure", "ttft_by_class_figure",
-           "validation_figure", "validation_summary"]
+__all__ = ["counts_table", "hol_figure", "itl_cdf_figure", "sweep_figure", "timeline_figure", "transfer_figure",
+           "ttft_by_class_figure", "validation_figure", "validation_summary"]
+
+
+#: The parts of a P/D request's time to first token, in order, with their colours (transfer_figure).
+TRANSFER_PARTS = (("prefill", "prefill_s", "#ff7f0e"), ("wait", "wait_s", "#c7c7c7"),
+                  ("KV transfer", "transfer_s", "#9467bd"), ("first decode step", "step_s", "#1f77b4"))
+
+
+def transfer_figure(traces: Mapping[str, Sequence], title: str = "Each request's time to first token, in parts"
+                    ) -> go.Figure:
+    """One bar per traced P/D request (`pdlab.metrics.kv.TransferTrace`), grouped by label (a link rate, a
+    condition): prefill, wait, KV transfer and first decode step laid end to end, in milliseconds. Hover a KV
+    segment for its bytes and rate."""
+    rows = [(f"{label} · {trace.prompt_tokens:,} tokens · #{i + 1}", trace)
+            for label, group in traces.items() for i, trace in enumerate(group)]
+    names = [name for name, _ in rows]
+    fig = go.Figure()
+    for part, attribute, colour in TRANSFER_PARTS:
+        values = [getattr(trace, attribute) * 1e3 for _, trace in rows]
+        text = [f"{part}: {value:,.1f} ms" + (f"<br>{trace.bytes / 1e6:,.2f} MB in {trace.blocks} blocks, "
+                                              f"{(trace.throughput_mb_s or 0) * 8:,.0f} Mbit/s"
+                                              if attribute == "transfer_s" else "")
+                for value, (_, trace) in zip(values, rows, strict=True)]
+        fig.add_trace(go.Bar(y=names, x=values, orientation="h", name=part, marker_color=colour, text=text,
+                             hovertemplate="%{text}<extra></extra>", textposition="none"))
+    fig.update_layout(title=title, barmode="stack", xaxis_title="milliseconds since call 1 was sent",
+                      yaxis={"autorange": "reversed"}, height=max(260, 40 * len(rows) + 120),
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def hol_figure(summary: Mapping, cls: str = "short", title: str | None = None) -> go.Figure:
+    """The per-request head-of-line figures of a run's summary, one bar per scenario (and the baseline, `alone`):
+    the share of `cls` requests that stalled at least once (left) and each one's worst gap, p50 and p99 over the
+    requests (right, log scale)."""
+    from plotly.subplots import make_subplots
+
+    blocks = dict(summary.get("scenarios") or {})
+    if summary.get("baseline"):
+        blocks["alone"] = summary["baseline"]
+
+    def get(block: Mapping, *path: str) -> float | None:
+        node: object = block.get(cls)
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return node  # type: ignore[return-value]
+
+    names = list(blocks)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        f"{cls} requests that stalled at least once (%)", f"each {cls} request's worst gap (ms)"))
+    shares = [get(b, "stalled", "share") for b in blocks.values()]
+    fig.add_bar(x=names, y=[None if s is None else 100 * s for s in shares], name="stalled", row=1, col=1,
+                marker_color=STALL_COLOUR, text=[f"{get(b, 'stalled', 'requests')} of {get(b, 'stalled', 'of')}"
+                                                 for b in blocks.values()])
+    for stat, colour in (("p50", "#aec7e8"), ("p99", CLASS_COLOURS.get(cls, "#1f77b4"))):
+        fig.add_bar(x=names, y=[get(b, "worst_gap_ms", stat) for b in blocks.values()], name=f"worst gap {stat}",
+                    marker_color=colour, row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_layout(title=title or "Head-of-line blocking per request", barmode="group", height=420,
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
