@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pdlab.config.base import ConfigError
@@ -627,3 +629,22 @@ def test_a_prefix_cache_skips_the_leading_blocks_the_instance_computed_before() 
     # 150 tokens of KV hold 9 blocks: another prompt's six push out the first three of ours, and with them the match.
     assert last_ttft(blocks, before=(blocks, others), kv_capacity=150) == pytest.approx(first_chunk(100))
     assert last_ttft(blocks, before=(blocks, others)) == pytest.approx(chunk_after(96, 4))
+
+
+def test_a_trace_replays_with_shared_blocks_for_equal_leading_hash_ids(tmp_path) -> None:
+    from pdlab.config.sim import SimTrace, SimWorkload
+    from pdlab.sim.workload import arrivals
+
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 8, "hash_ids": [1, 2, 3]},
+            {"timestamp": 500, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]},
+            {"timestamp": 1000, "input_length": 1100, "output_length": 8, "hash_ids": [1, 9, 3]}]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    first, second, third = arrivals(SimWorkload(trace=SimTrace(path=str(path), time_scale=0.5)), block_size=16)
+    assert [a.at_s for a in (first, second, third)] == [0.0, 0.25, 0.5]
+    assert len(first.prefix_hashes) == 1100 // 16 and len(second.prefix_hashes) == 1024 // 16
+    assert second.prefix_hashes == first.prefix_hashes[:64]  # two 512-token ids, as 16-token blocks
+    assert third.prefix_hashes[:32] == first.prefix_hashes[:32] and third.prefix_hashes[32] != first.prefix_hashes[32]
+    assert third.prefix_hashes[64] != first.prefix_hashes[64], "a block after a difference is a different block"
+    with pytest.raises(ValueError, match="exactly one of"):
+        SimWorkload(trace=SimTrace(path=str(path)), requests=[{"at_s": 0, "prompt_tokens": 1, "output_tokens": 1}])

@@ -45,16 +45,34 @@ class PoissonBimodal(Spec):
     seed: int = 0
 
 
+class SimTrace(Spec):
+    """A Mooncake-format trace (JSON lines: `timestamp` ms, `input_length`, `output_length`, `hash_ids`) replayed in
+    the simulator at cluster scale, lengths as recorded: requests whose leading `hash_ids` are equal share those
+    KV blocks, which prefix caching reuses and prefix-aware routing looks for."""
+
+    path: str
+    """The trace file (relative paths are found from the checkout too, as for lab specs)."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Multiply timestamps by this: 0.5 replays twice as fast (twice the request rate)."""
+    num_requests: int | None = Field(default=None, gt=0)
+    """Replay only the first this many requests."""
+    block_tokens: int = Field(default=512, gt=0)
+    """Tokens per `hash_ids` entry (Mooncake: 512)."""
+    long_threshold_tokens: int = Field(default=8192, gt=0)
+    """Prompts of at least this many tokens are class `long`, the others `short`."""
+
+
 class SimWorkload(Spec):
-    """What the simulated clients send: `requests`, or `poisson` (exactly one)."""
+    """What the simulated clients send: `requests`, `poisson` or `trace` (exactly one)."""
 
     requests: list[SimRequestSpec] = []
     poisson: PoissonBimodal | None = None
+    trace: SimTrace | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> SimWorkload:
-        if bool(self.requests) == (self.poisson is not None):
-            raise ValueError("give either `requests` or `poisson`, not both or neither")
+        if sum((bool(self.requests), self.poisson is not None, self.trace is not None)) != 1:
+            raise ValueError("give exactly one of `requests`, `poisson` and `trace`")
         return self
 
 

@@ -11,12 +11,14 @@ ones have finished.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from pdlab.config.base import ConfigError, Spec
-from pdlab.settings import DEFAULT_ROUTING_THRESHOLD
+from pdlab.settings import DEFAULT_ROUTING_THRESHOLD, resolve_path
 
 Api = Literal["completions", "chat"]
 Arrival = Literal["poisson", "uniform"]
@@ -187,3 +189,20 @@ def parse_workload(data: Any, source: str = "workload") -> MixedWorkload | Trace
         return _ADAPTER.validate_python(data)
     except ValidationError as error:
         raise ConfigError.from_validation(source, error) from None
+
+
+def read_trace(path: str | Path) -> list[dict]:
+    """Rows of a Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, hash_ids), sorted by
+    timestamp. A relative path that is not found from the working directory is read from the checkout (so lab and
+    sim specs can say `data/traces/...` and run from notebooks/ too)."""
+    path = resolve_path(path)
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        missing = {"timestamp", "input_length", "output_length"} - row.keys()
+        if missing:
+            raise ValueError(f"{path}:{n}: trace row lacks {', '.join(sorted(missing))}")
+        rows.append(row)
+    return sorted(rows, key=lambda row: row["timestamp"])

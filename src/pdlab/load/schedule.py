@@ -13,9 +13,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pdlab.config.workload import MixedWorkload, ProbeSpec, ProbeWorkload, TraceWorkload
+from pdlab.config.workload import MixedWorkload, ProbeSpec, ProbeWorkload, TraceWorkload, read_trace
 from pdlab.load.prompts import PromptBuilder, seeded_rng
-from pdlab.settings import resolve_path
 
 Workload = MixedWorkload | TraceWorkload | ProbeWorkload
 
@@ -124,23 +123,6 @@ def _probes(spec: Workload, builder: PromptBuilder, main: list[_Draft]) -> list[
         drafts.append(_Draft(t, 1_000_000 + i, {"cls": "probe", "prompt": prompt, "prompt_tokens": probe.prompt_tokens,
                                                 "max_tokens": probe.output_tokens}))
     return drafts
-
-
-def read_trace(path: str | Path) -> list[dict]:
-    """Rows of a Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, hash_ids). A relative
-    path that is not found from the working directory is read from the checkout (so lab specs can say
-    `data/traces/...` and run from notebooks/ too)."""
-    path = resolve_path(path)
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        missing = {"timestamp", "input_length", "output_length"} - row.keys()
-        if missing:
-            raise ValueError(f"{path}:{n}: trace row lacks {', '.join(sorted(missing))}")
-        rows.append(row)
-    return sorted(rows, key=lambda row: row["timestamp"])
 
 
 def _spread_ties(times: list[float]) -> list[float]:

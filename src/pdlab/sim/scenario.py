@@ -244,7 +244,7 @@ def simulate(spec: SimSpec, *, catalog: Catalog | None = None, prepared: Prepare
     """Run `spec`; returns the summary (same shape as a measured run's) and the finished simulation."""
     prepared = prepared or prepare(spec, catalog)
     sim = build(prepared)
-    finished = sim.run(requests if requests is not None else arrivals(spec.workload))
+    finished = sim.run(requests if requests is not None else arrivals(spec.workload, spec.engine.block_size))
     summary = summarize_requests(spec, finished)
     summary["scenario"] = spec.name
     summary["cost_model"] = prepared.cost_source

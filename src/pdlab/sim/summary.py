@@ -1,8 +1,9 @@
 """Per-request timings and the run summary, in the same shape as a measured run's summary.json.
 
 Shape (per scenario): `requests.{sent,completed,failed}`, `short.*` and `long.*` with `ttft_ms`, `itl_ms`,
-`tpot_ms`, `e2e_ms` (each `{p50,p99,max,mean}`), `stalls.{count,threshold_ms}`, `goodput`, `paths`, and
-`preemptions` (the simulator's own: how often a running request lost its KV to make room and computed it again).
+`tpot_ms`, `e2e_ms` (each `{p50,p99,max,mean}`), `stalls.{count,threshold_ms}`, `goodput`, `paths`,
+`preemptions` (the simulator's own: how often a running request lost its KV to make room and computed it again), and
+`prefix_cache.{hit_tokens,prompt_tokens,hit_rate}` (prompt tokens found in an instance's prefix cache, of all).
 """
 
 from __future__ import annotations
@@ -82,4 +83,8 @@ def summarize(requests: Sequence[SimRequest], *, stall_ms: float, ttft_slo_ms: f
                              "output_tokens_per_s": sum(row["output_tokens"] for row in done) / duration}
     summary["paths"] = {p: sum(1 for r in requests if r.path == p) for p in ("direct", "disaggregated")}
     summary["preemptions"] = sum(r.preemptions for r in requests)
+    prompt = sum(r.arrival.prompt_tokens for r in requests)
+    cached = sum(r.cached for r in requests)
+    summary["prefix_cache"] = {"hit_tokens": cached, "prompt_tokens": prompt,
+                               "hit_rate": cached / prompt if prompt else None}
     return summary
