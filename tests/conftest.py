@@ -54,6 +54,18 @@ def run_pdlab(*args: str, timeout: float = 900, env: dict[str, str] | None = Non
                           env=env or os.environ.copy())
 
 
+def pdlab_down(name: str | None, port_marker: str) -> None:
+    """`pdlab down NAME` (every deployment of this session's state directory when None), then check that no vLLM
+    server or router of it (its command line has `port_marker`) is left. A named deployment that an earlier
+    `pdlab down` already stopped is fine: what counts is that none of its processes is left."""
+    down = run_pdlab("down", *([name] if name else []))
+    already = name is not None and f"No deployment named {name!r} is up" in down.stdout
+    leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
+                 if port_marker in " ".join(p.cmdline())]
+    assert down.returncode == 0 or already, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
+    assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
+
+
 def make_test_lab(tmp_path: Path, name: str, base_port: int, router: dict | None = None) -> Path:
     """A 1P1D lab spec for tests: the tiny model, its own ports, a core each."""
     lab = yaml.safe_load((REPO / "labs" / "local-1p1d.yaml").read_text())
@@ -84,11 +96,29 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         assert scrape_kv_transfer(dep.urls("decode")[0]).transfers >= 1, "pdlab up moved no KV while warming up"
         yield dep
     finally:
-        down = run_pdlab("down")  # as the README says: this session's own state directory holds only it
-        leftovers = [p for p in pdlab_processes("vllm.entrypoints") + pdlab_processes("pdlab.router")
-                     if "--port 815" in " ".join(p.cmdline())]
-        assert down.returncode == 0, f"pdlab down failed:\n{down.stdout}\n{down.stderr}"
-        assert not leftovers, f"processes left after `pdlab down`: {[p.cmdline() for p in leftovers]}"
+        pdlab_down(None, "--port 815")  # as the README says: this session's own state directory holds only its own
+
+
+@pytest.fixture(scope="session")
+def notebook_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`pdlab up` notebook 04's second deployment (labs/local-replicas.yaml: two colocated replicas of the tiny model
+    with prefix caching, the router in front) for the session; its name, for $PDLAB_ATTACH. No NIXL: idle, it
+    leaves the cores to whatever runs beside it."""
+    lab = yaml.safe_load((REPO / "labs" / "local-replicas.yaml").read_text())
+    dep = lab["deployment"]
+    lab["name"] = dep["name"] = "pytest-replicas"
+    dep["model"]["name"] = TEST_MODEL
+    for i, inst in enumerate(dep["instances"]):
+        inst["port"] = 8170 + i
+    dep["router"]["port"] = 8179
+    path = tmp_path_factory.mktemp("labs") / "pytest-replicas.yaml"
+    path.write_text(yaml.safe_dump(lab))
+    up = run_pdlab("up", str(path))
+    assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
+    try:
+        yield "pytest-replicas"
+    finally:
+        pdlab_down("pytest-replicas", "--port 817")
 
 
 def make_argv(*args: str) -> list[str]:
@@ -140,7 +170,7 @@ QUIET_FIRST = ("test_notebook_runs_top_to_bottom[01-prefill-vs-decode]",)
 #: Tests that use the session deployment. They run last, so that it is up (and its idle polling threads busy)
 #: only while they run, not beside every other test; the notebooks named in test_notebooks.ATTACHED ask for it
 #: inside the test, so they are named here by their ids.
-SHARED_DEPLOYMENT_FIXTURES = {"live_1p1d", "notebook_1p1d"}
+SHARED_DEPLOYMENT_FIXTURES = {"live_1p1d", "notebook_1p1d", "notebook_replicas"}
 
 
 def uses_shared_deployment(item: pytest.Item) -> bool:

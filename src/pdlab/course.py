@@ -5,26 +5,30 @@ The measurements and figures themselves live in the library modules the notebook
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pandas as pd
+import psutil
 
 from pdlab import environment
 from pdlab import model as local_models
 from pdlab.config.deployment import DeploymentSpec
-from pdlab.config.lab import load_lab
-from pdlab.deploy import DeployError, Deployment
+from pdlab.config.lab import LabSpec, load_lab
+from pdlab.deploy import DeployError, Deployment, state
+from pdlab.deploy.process import stop_group
 from pdlab.experiment.runner import ExperimentRun
 from pdlab.load.schedule import Workload
 from pdlab.settings import repo_root
 
 #: Set to 1 to run every notebook with small parameters (CI, a first pass on a slow laptop).
 QUICK_ENV = "PDLAB_QUICK"
-#: Names a deployment already up (`pdlab up`) for notebooks to use instead of starting their own (CI shares one).
+#: Names deployments already up (`pdlab up`; several separated by commas) for notebooks to use instead of
+#: starting their own when one is laid out as they need (CI shares them).
 ATTACH_ENV = "PDLAB_ATTACH"
 
 T = TypeVar("T")
@@ -51,9 +55,12 @@ def choose(full: T, quick_value: T) -> T:
 
 def check(condition: bool, effect: str, hint: str) -> None:
     """A notebook's check cell: pass quietly with a one-line confirmation, or raise CheckFailed saying which effect
-    the measurement did not show and what to try (re-run on a quieter machine, larger sizes, ...)."""
+    the measurement did not show and what to try (re-run on a quieter machine, larger sizes, ...). A failing check
+    first stops the deployments this notebook started (`start`, `open_deployment`), so none is left running."""
     if not condition:
-        raise CheckFailed(f"Your measurement does not show the expected effect: {effect}.\nWhat to try: {hint}")
+        stopped = stop_started()
+        note = f"\n(Stopped this notebook's deployment(s) {stopped}: re-run from the top.)" if stopped else ""
+        raise CheckFailed(f"Your measurement does not show the expected effect: {effect}.\nWhat to try: {hint}{note}")
     print(f"check passed: {effect}")
 
 
@@ -123,42 +130,176 @@ def environment_table(env: SetupReport) -> str:
 
 
 
-def lab_deployment(lab: str | Path, model: str | None = None) -> DeploymentSpec:
-    """The deployment of a lab spec (a name under `labs/`, or a path), with its model swapped for `model`."""
+def lab_spec(lab: str | Path, model: str | None = None) -> LabSpec:
+    """A lab spec (a name under `labs/`, or a path), with the model of its deployment and of every scenario swapped
+    for `model` (the quick-mode model)."""
     path = Path(lab)
     if not path.suffix:
         root = repo_root()
         if root is None:
             raise FileNotFoundError(f"lab {lab!r}: give a path to the YAML file (no source checkout to find labs/ in)")
         path = root / "labs" / f"{lab}.yaml"
-    spec = load_lab(path).main_deployment()
-    if model is not None:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": model})})
-    return spec
+    spec = load_lab(path)
+    if model is None:
+        return spec
+    return spec.model_copy(update={
+        "deployment": spec.deployment and _with_model(spec.deployment, model),
+        "scenarios": {name: _with_model(scenario, model) for name, scenario in spec.scenarios.items()}})
 
 
-def attached() -> Deployment | None:
-    """The deployment named by `$PDLAB_ATTACH` when it is up, else None (unset, or named but not running)."""
-    name = os.environ.get(ATTACH_ENV, "").strip()
-    if not name:
-        return None
+def _with_model(spec: DeploymentSpec, model: str) -> DeploymentSpec:
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"name": model})})
+
+
+def lab_deployment(lab: str | Path, model: str | None = None) -> DeploymentSpec:
+    """The deployment of a lab spec (a name under `labs/`, or a path), with its model swapped for `model`."""
+    return lab_spec(lab, model).main_deployment()
+
+
+#: Deployments this kernel started through `start` and has not stopped: a failing check stops them.
+_STARTED: list[Deployment] = []
+
+
+def start(spec: DeploymentSpec) -> Deployment:
+    """Start a deployment for a notebook, after saying whether another is already running here (see
+    `report_leftovers`). A failing `check` stops it; so does `stop()`, or the end of the kernel."""
+    report_leftovers()
+    dep = Deployment(spec).start()
+    _STARTED.append(dep)
+    return dep
+
+
+def stop_started() -> list[str]:
+    """Stop every deployment `start` began in this kernel; returns their names."""
+    names = []
+    while _STARTED:
+        dep = _STARTED.pop()
+        dep.stop()
+        names.append(dep.spec.name)
+    return names
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something still running on this machine that takes cores a notebook's measurement needs."""
+
+    what: str
+    how_to_stop: str
+    """The command that stops it."""
+    pgid: int | None = None
+    """Its process group (a deployment started from a notebook or script); None for a `pdlab up` record."""
+    record: str | None = None
+    """The `pdlab up` deployment's name."""
+
+    def stop(self) -> None:
+        if self.record is not None:
+            if (entry := state.load(self.record)) is not None:
+                state.stop(entry)
+        elif self.pgid is not None:
+            stop_group(self.pgid, None)
+
+
+#: What a vLLM server's or pdlab router's command line contains.
+SERVER_MARKERS = ("vllm.entrypoints.openai.api_server", "pdlab.router serve")
+
+
+def leftovers() -> list[Leftover]:
+    """Deployments running here that this notebook did not start and does not share through `$PDLAB_ATTACH`:
+    `pdlab up` deployments, and vLLM servers or pdlab routers started elsewhere (another notebook's kernel, a
+    script) by this user."""
+    keep = {name.strip() for name in os.environ.get(ATTACH_ENV, "").split(",") if name.strip()}
+    mine = {inst.pid for dep in _STARTED for inst in dep.instances} | {
+        dep.router.pid for dep in _STARTED if dep.router is not None}
+    found, recorded = [], set()
+    for record in state.load_all():
+        pids = {entry["pid"] for entry in record["processes"]}
+        if record["name"] in keep:
+            recorded |= pids
+            continue
+        if state.any_alive(record):
+            recorded |= pids
+            found.append(Leftover(f"deployment {record['name']!r} (started with `pdlab up`)",
+                                  f"pdlab down {record['name']}", record=record["name"]))
+    groups: dict[int, list[str]] = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or [])
+            if not any(marker in line for marker in SERVER_MARKERS) or proc.info["uids"].real != os.getuid():
+                continue
+            pgid = os.getpgid(proc.pid)
+        except (psutil.Error, ProcessLookupError):
+            continue
+        if pgid == proc.pid and pgid not in recorded and pgid not in mine:
+            port = line.split("--port ", 1)[1].split()[0] if "--port " in line else "?"
+            groups.setdefault(pgid, []).append(port)
+    for pgid, ports in sorted(groups.items()):
+        found.append(Leftover(f"a server started elsewhere (process group {pgid}, port {', '.join(ports)})",
+                              f"kill -TERM -- -{pgid}", pgid=pgid))
+    return found
+
+
+def report_leftovers() -> list[Leftover]:
+    """Say what `leftovers()` finds, with the command that stops each, and show a button that stops them (in
+    Jupyter). They share this machine's cores with what the notebook measures, and may hold its ports."""
+    found = leftovers()
+    if not found:
+        return found
+    print("Still running on this machine (it takes the cores this notebook measures on, and may hold its ports):")
+    for item in found:
+        print(f"  - {item.what}: stop it with `{item.how_to_stop}`")
     try:
-        return Deployment.attach(name)
-    except DeployError:
-        return None
+        import ipywidgets as widgets
+        from IPython.display import display
+    except ImportError:
+        return found
+    button = widgets.Button(description=f"Stop {'it' if len(found) == 1 else f'all {len(found)}'}",
+                            button_style="warning")
+    said = widgets.HTML()
+
+    def stop_all(_button: widgets.Button) -> None:
+        button.disabled = True
+        for item in found:
+            item.stop()
+        said.value = "stopped: " + "; ".join(item.what for item in found)
+
+    button.on_click(stop_all)
+    display(widgets.HBox([button, said]))
+    return found
+
+
+def layout(spec: DeploymentSpec) -> tuple:
+    """What a notebook needs of a deployment, whatever its names, ports and model: each instance's role and prefix
+    caching, the KV connector, and whether a router is in front."""
+    roles = sorted((inst.role, inst.engine.enable_prefix_caching) for inst in spec.instances)
+    return tuple(roles), spec.connector.kind, spec.router is not None
+
+
+def attached(spec: DeploymentSpec | None = None) -> Deployment | None:
+    """A deployment `$PDLAB_ATTACH` names (one name, or several separated by commas) that is up, and given `spec`,
+    has its layout; else None (unset, none up, none alike)."""
+    for name in (n.strip() for n in os.environ.get(ATTACH_ENV, "").split(",")):
+        if not name:
+            continue
+        try:
+            dep = Deployment.attach(name)
+        except DeployError:
+            continue
+        if spec is None or layout(dep.spec) == layout(spec):
+            return dep
+    return None
 
 
 def open_deployment(lab: str | Path | DeploymentSpec, model: str | None = None) -> Deployment:
-    """A running deployment for a notebook: the one `$PDLAB_ATTACH` names if it is up (shared, left running), else
-    a new one of `lab` (with `model`), started now. Either way `stop()` is right at the end: it stops only what
-    this call started."""
-    if (dep := attached()) is not None:
-        print(f"using the running deployment {dep.spec.name!r} (${ATTACH_ENV}); it stays up afterwards")
-        return dep
+    """A running deployment for a notebook: one `$PDLAB_ATTACH` names if it is up and laid out like `lab` (shared,
+    left running), else a new one of `lab` (with `model`), started now. Either way `stop()` is right at the end: it
+    stops only what this call started."""
     spec = lab if isinstance(lab, DeploymentSpec) else lab_deployment(lab, model)
     if isinstance(lab, DeploymentSpec) and model is not None:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": model})})
-    return Deployment(spec).start()
+        spec = _with_model(spec, model)
+    if (dep := attached(spec)) is not None:
+        print(f"using the running deployment {dep.spec.name!r} (${ATTACH_ENV}); it stays up afterwards")
+        return dep
+    return start(spec)
 
 
 @contextmanager
@@ -172,8 +313,11 @@ def deployment(lab: str | Path | DeploymentSpec, model: str | None = None) -> It
 
 
 def measure_load(dep: Deployment, workload: Workload, *, scenario: str = "load", lab: str = "course",
-                 url: str | None = None, progress: bool = True) -> pd.DataFrame:
+                 url: str | None = None, progress: bool = True, stop: threading.Event | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Send `workload` to the deployment (its router, else its first serving instance, or `url`) and return the
-    raw rows (one per request: class, path, send time, token times, status), saved as a run under `runs/`."""
+    raw rows (one per request: class, path, send time, token times, status), saved as a run under `runs/`.
+    `stop` and `on_progress`: a widget's Cancel button and progress bar (see `pdlab.load.run.run_load`)."""
     with ExperimentRun(lab, workload, progress=progress) as run:
-        return run.measure(scenario, url or dep.url, model=dep.served_model, model_dir=dep.model_dir)
+        return run.measure(scenario, url or dep.url, model=dep.served_model, model_dir=dep.model_dir, stop=stop,
+                           on_progress=on_progress)

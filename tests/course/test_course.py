@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -51,3 +55,51 @@ def test_environment_lists_missing_packages(monkeypatch) -> None:
     assert env.packages["absent"] is None
     assert "absent" in env.missing() and "torch" not in env.missing()
     assert "| absent | **MISSING** |" in course.environment_table(env)
+
+
+class FakeDeployment:
+    """What `course.check` and `course.leftovers` use of a deployment `course.start` began."""
+
+    def __init__(self) -> None:
+        self.stopped = 0
+        self.spec = type("Spec", (), {"name": "fake"})()
+        self.instances: list = []
+        self.router = None
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def test_a_failing_check_stops_what_the_notebook_started(monkeypatch) -> None:
+    dep = FakeDeployment()
+    monkeypatch.setattr(course, "_STARTED", [dep])
+    with pytest.raises(course.CheckFailed, match=r"Stopped this notebook's deployment\(s\) \['fake'\]"):
+        course.check(False, "an effect", "a hint")
+    assert dep.stopped == 1 and course._STARTED == []
+    course.check(True, "another effect", "a hint")  # a passing check stops nothing
+
+
+def test_leftovers_finds_a_server_started_elsewhere_and_stops_it(monkeypatch) -> None:
+    monkeypatch.delenv(course.ATTACH_ENV, raising=False)
+    # A process whose command line looks like a vLLM server's, in its own process group as pdlab starts them.
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "vllm.entrypoints.openai.api_server", "--port", "18999"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (found := [f for f in course.leftovers() if f.pgid == fake.pid]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert found and "port 18999" in found[0].what and found[0].how_to_stop == f"kill -TERM -- -{fake.pid}"
+        found[0].stop()
+        assert fake.wait(timeout=10) is not None
+        assert not [f for f in course.leftovers() if f.pgid == fake.pid]
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+
+
+def test_attached_picks_the_deployment_laid_out_as_asked() -> None:
+    one = course.lab_deployment("local-1p1d-router", "pdlab-tiny")
+    two = course.lab_deployment("local-replicas", "pdlab-tiny")
+    assert course.layout(one) != course.layout(two)
+    renamed = one.model_copy(update={"name": "other", "model": one.model.model_copy(update={"name": "pdlab-small"})})
+    assert course.layout(renamed) == course.layout(one)  # names, ports and the model do not matter

@@ -4,6 +4,9 @@ the simulator panel against the real simulator."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,13 +17,18 @@ from pdlab import course
 from pdlab import model as local_models
 from pdlab.config.base import ConfigError, load_yaml
 from pdlab.config.sim import SimSpec
-from pdlab.config.workload import MixedWorkload
-from pdlab.course_widgets import RouterPanel, SimPanel, sim_table, sim_variant
+from pdlab.config.workload import MixedWorkload, TraceWorkload
+from pdlab.course_widgets import RouterPanel, SimPanel, StrategyPanel, sim_table, sim_variant
 from pdlab.settings import ADMIN_TOKEN_ENV, repo_root
 from tests.router_processes import router, standin, url
 
 PREFILL, DECODE, ROUTER = 20110, 20111, 20112
 TOKEN = "course-widgets-test-token"
+
+
+@dataclass
+class Instance:
+    url: str
 
 
 @dataclass
@@ -37,32 +45,94 @@ class RouterOnly:
         return self.router_url
 
 
+@dataclass
+class Replicas(RouterOnly):
+    """A router over stand-in replicas, with their instances (the strategy panel reads their counters)."""
+
+    instances: list[Instance]
+
+
+def measure(dep, workload, **controls):  # type: ignore[no-untyped-def]
+    return course.measure_load(dep, workload, progress=False, **controls)
+
+
+@contextmanager
+def pd_over_standins(tmp_path: Path, token_ms: int) -> Iterator[RouterOnly]:
+    """A router (threshold 512) over a stand-in prefill and decode server, each answering a token per `token_ms`."""
+    model_dir, pace = str(local_models.resolve("pdlab-tiny")), str(token_ms)
+    with standin(PREFILL, tmp_path, "--token-ms", pace), standin(DECODE, tmp_path, "--token-ms", pace), \
+            router(ROUTER, tmp_path, model_dir, [PREFILL], [DECODE], env={ADMIN_TOKEN_ENV: TOKEN}, threshold=512):
+        yield RouterOnly(url(ROUTER), TOKEN, "pdlab-tiny", model_dir)
+
+
+def router_panel(dep: RouterOnly, **load: float) -> RouterPanel:
+    """The threshold panel over `dep`, its load short prompts of 16 tokens and long ones of 600."""
+    workload = MixedWorkload(short_tokens=16, long_tokens=600, long_output_tokens=3, seed=1, **load)
+    return RouterPanel(dep, workload, measure, max_threshold=4096)  # type: ignore[arg-type]
+
+
 def test_router_panel_applies_settings_to_the_live_router_and_redraws(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PDLAB_RUNS", str(tmp_path / "runs"))
-    model_dir = str(local_models.resolve("pdlab-tiny"))
-    with standin(PREFILL, tmp_path, "--token-ms", "2"), standin(DECODE, tmp_path, "--token-ms", "2"), \
-            router(ROUTER, tmp_path, model_dir, [PREFILL], [DECODE], env={ADMIN_TOKEN_ENV: TOKEN}, threshold=512):
-        dep = RouterOnly(url(ROUTER), TOKEN, "pdlab-tiny", model_dir)
-        workload = MixedWorkload(rate=8, duration_s=1.5, long_fraction=0.5, short_tokens=16, long_tokens=600,
-                                 short_output_tokens=6, long_output_tokens=3, seed=1)
-        panel = RouterPanel(dep, workload, lambda d, w: course.measure_load(d, w, progress=False),  # type: ignore[arg-type]
-                            max_threshold=4096)
+    with pd_over_standins(tmp_path, token_ms=2) as dep:
+        panel = router_panel(dep, rate=8, duration_s=1.5, long_fraction=0.5, short_output_tokens=6)
         assert panel.threshold.value == 512 and panel.figure.layout.title.text == "no run yet"
 
-        panel.threshold.value = 4096  # what a slider release does: observe -> apply -> load -> redraw
-        panel.decode_strategy.value = "leastloaded"
+        panel.threshold.value = 4096  # what a slider release does: observe -> apply -> load -> redraw, off-thread
+        above = panel.wait(60)
         live = httpx.get(url(ROUTER) + "/admin/config", headers={"Authorization": f"Bearer {TOKEN}"}).json()
-        assert live["threshold"] == 4096 and live["decode_strategy"] == "leastloaded"
-
-        above, again = panel.history
+        assert live["threshold"] == 4096
         assert above.threshold == 4096 and above.disaggregated == 0 and above.direct > 0
-        assert again.decode_strategy == "leastloaded"
         panel.threshold.value = 256
-        below = panel.history[-1]
+        below = panel.wait(60)
         assert below.disaggregated > 0, "600-token prompts must go prefill -> decode at threshold 256"
-        assert list(panel.figure.data[0].x) == [4096, 4096, 256]
+        assert [list(trace.x) for trace in panel.figure.data] == [[4096, 256], [4096, 256]]
         assert panel.figure.layout.title.text.startswith("threshold 256:")
         assert "through prefill -> decode" in panel.status.value
+        assert panel.runs.progress.description == "done" and panel.runs.cancel.disabled
+
+        # Another load is another series: its points are not drawn as if the threshold had made them.
+        panel.rate.value = 4
+        panel.wait(60)
+        assert [trace.name for trace in panel.figure.data] == ["8 req/s, 50% long"] * 2 + ["4 req/s, 50% long"] * 2
+        assert list(panel.figure.data[2].x) == [256]
+
+
+def test_a_panel_run_can_be_cancelled_and_its_numbers_are_dropped(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PDLAB_RUNS", str(tmp_path / "runs"))
+    with pd_over_standins(tmp_path, token_ms=20) as dep:
+        panel = router_panel(dep, rate=4, duration_s=30, long_fraction=0.2, short_output_tokens=50)
+        panel.threshold.value = 1024
+        deadline = time.monotonic() + 30
+        while panel.runs.progress.value == 0 and time.monotonic() < deadline:  # some requests are back
+            time.sleep(0.2)
+        assert 0 < panel.runs.progress.value < 1 and not panel.runs.cancel.disabled
+        started = time.monotonic()
+        panel.runs.cancel.click()
+        panel.runs.wait(30)
+        assert time.monotonic() - started < 25, "Cancel must stop the 30 s load, not wait for its end"
+        assert panel.history == [] and panel.runs.progress.description == "cancelled"
+
+
+def test_strategy_panel_applies_the_strategy_and_puts_strategies_on_their_own_axis(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    monkeypatch.setenv("PDLAB_RUNS", str(tmp_path / "runs"))
+    model_dir = str(local_models.resolve("pdlab-tiny"))
+    a, b = DECODE, PREFILL
+    with standin(a, tmp_path, "--token-ms", "2"), standin(b, tmp_path, "--token-ms", "2"), \
+            router(ROUTER, tmp_path, model_dir, [], [a, b], env={ADMIN_TOKEN_ENV: TOKEN}, threshold=100000):
+        dep = Replicas(url(ROUTER), TOKEN, "pdlab-tiny", model_dir, [Instance(url(a)), Instance(url(b))])
+        workload = TraceWorkload(path="data/traces/shared-prefix.jsonl", length_scale=0.1, time_scale=0.2,
+                                 max_output_tokens=4, long_threshold_tokens=100000, duration_s=3)
+        panel = StrategyPanel(dep, workload, measure)  # type: ignore[arg-type]
+        panel.strategy.value = "prefixaware"
+        run = panel.wait(60)
+        live = httpx.get(url(ROUTER) + "/admin/config", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        assert live["decode_strategy"] == "prefixaware" and run.strategy == "prefixaware" and run.requests > 0
+        panel.strategy.value = "roundrobin"
+        panel.wait(60)
+        assert list(panel.figure.data[1].x) == ["prefixaware", "roundrobin"]
+        assert panel.figure.layout.xaxis.type == "category"
+        assert panel.figure.layout.title.text.startswith("roundrobin:")
 
 
 def test_router_panel_needs_a_router() -> None:
@@ -82,24 +152,47 @@ def sim_spec() -> SimSpec:
 def test_sim_panel_resimulates_on_every_change(sim_spec: SimSpec) -> None:
     panel = SimPanel(sim_spec)
     assert "4P4D" in panel.figure.layout.title.text and panel.summary["paths"]["disaggregated"] > 0
+    first = list(panel.figure.data[2].y)
     panel.prefill.value = 0
+    panel.wait(60)
     assert "4 colocated" in panel.figure.layout.title.text
     assert panel.summary["paths"]["disaggregated"] == 0
+    assert list(panel.figure.data[0].y) == first  # the setting before the change, beside the new one
     panel.rate.value = 5
+    panel.wait(60)
     assert "5 req/s" in panel.figure.layout.title.text
-    assert list(panel.figure.data[0].y) == list(sim_table({"now": panel.summary}).iloc[:4, 0])
+    assert list(panel.figure.data[2].y) == list(sim_table({"now": panel.summary}).iloc[:4, 0])
+    assert panel.figure.data[3].y[0] == pytest.approx(100 * panel.summary["goodput"]["attainment"])
+
+
+def test_sim_panel_strategy_moves_prefix_hits_on_the_cluster_scenario() -> None:
+    spec = load_yaml(repo_root() / "labs" / "sim" / "llama8b-h200-shared-prefix.yaml", SimSpec)
+    trace = spec.workload.trace.model_copy(update={"num_requests": 800})
+    panel = SimPanel(spec.model_copy(update={"workload": spec.workload.model_copy(update={"trace": trace})}))
+    assert abs(panel.rate.value - 80) <= 2 and panel.decode_strategy.value == "roundrobin"
+    spread = panel.summary["prefix_cache"]["hit_rate"]
+    panel.decode_strategy.value = "prefixaware"
+    panel.wait(60)
+    kept = panel.summary["prefix_cache"]["hit_rate"]
+    assert kept > spread + 0.2, (spread, kept)
+    assert panel.figure.data[1].y[1] == pytest.approx(100 * spread) and panel.figure.data[3].y[1] == pytest.approx(
+        100 * kept)
+    assert "roundrobin" in panel.status.value and "prefixaware" in panel.status.value
 
 
 def test_sim_panel_counts_gpus_per_instance_and_says_what_it_cannot_simulate(sim_spec: SimSpec) -> None:
     panel = SimPanel(sim_spec)
     assert panel.gpus.value == 2 and not panel.gpus.disabled
     panel.gpus.value = 8
+    panel.wait(60)
     assert "x8 over nvlink4" in panel.summary["cost_model"]
-    eight = list(panel.figure.data[0].y)
+    eight = list(panel.figure.data[2].y)
     panel.gpus.value = 1  # 70B in bf16 does not fit one H200's memory share
+    panel.wait(60)
     assert "not simulated" in panel.status.value and "does not fit" in panel.status.value
-    assert list(panel.figure.data[0].y) == eight  # the last figure stays
+    assert list(panel.figure.data[2].y) == eight  # the last figure stays
     panel.gpus.value = 4
+    panel.wait(60)
     assert "not simulated" not in panel.status.value and "x4 over nvlink4" in panel.summary["cost_model"]
 
 

@@ -47,3 +47,16 @@ def problems(obj: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         out.append(f"{where}: {error.message}")
     return out
+
+
+def field_docs(schema: dict[str, Any], path: str) -> dict[str, str]:
+    """What the operator's schema says of each field under `path` (dotted, e.g. `spec.pdSpec`): field name ->
+    its description (one line), for reading a rendered object beside the operator's own documentation."""
+    node = schema
+    for part in path.split("."):
+        try:
+            node = node["properties"][part]
+        except KeyError:
+            raise KeyError(f"{path}: the CRD has no field {part!r} there") from None
+    return {name: " ".join(str(field.get("description", "")).split())
+            for name, field in node.get("properties", {}).items()}
