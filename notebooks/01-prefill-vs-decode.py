@@ -127,10 +127,11 @@ pd.DataFrame(rows)
 # %% [markdown]
 # An H100's ridge point is near 300 FLOP/byte, an H200's near 200 (same compute, 43% more bandwidth). A decode step
 # at batch 1 uses well under 1% of the GPU's arithmetic. Batching shares the weight reads across sequences, but each
-# sequence still reads its own KV cache, and those reads grow with batch x context: with grouped-query attention
-# decode stays at a few FLOP/byte, far left of the ridge. A long prefill is already past it. So the H200's extra
-# bandwidth speeds up decode, not prefill; and a prefill running on the same accelerator as decode steps holds
-# them up, which is what the next notebooks measure.
+# sequence still reads its own KV cache, and those reads grow with batch x context: even with grouped-query
+# attention (GQA: several query heads share one key/value head, so the cache is several times smaller than the
+# attention's heads would make it; notebook 03 counts it) decode stays at a few FLOP/byte, far left of the ridge.
+# A long prefill is already past it. So the H200's extra bandwidth speeds up decode, not prefill; and a prefill
+# running on the same accelerator as decode steps holds them up, which is what the next notebooks measure.
 #
 # ## Check: does your measurement show the effect?
 

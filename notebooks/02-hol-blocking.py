@@ -14,121 +14,164 @@
 # ---
 
 # %% [markdown]
-# # 02 · Head-of-line blocking: one long prompt freezes every stream
+# # 02 · Head-of-line blocking, measured fairly: the same two cores, three ways to serve them
 #
 # **Learning objectives.** After this notebook you can
-# - send a mixed load (short streaming chats and long documents) to one colocated vLLM instance and read its
-#   per-request timeline;
-# - point at a *head-of-line (HOL) stall*: every running stream stops while a long prompt is prefilled;
-# - say what chunked prefill (a smaller per-step token budget) changes, and what it cannot fix.
+# - run a lab the way `pdlab run` does, from Python (`run_lab`), and read its run directory and summary;
+# - compare colocated serving, colocated with a tuned chunked-prefill budget, and disaggregated prefill/decode on
+#   the same two cores under the same load;
+# - point at a *head-of-line (HOL) stall* on a per-request timeline and say which prompt caused it;
+# - read the figures that separate the three: how many short requests stalled, how long their worst gap was, and
+#   what the long prompts paid.
 #
-# A colocated instance runs both phases in the same scheduler steps. vLLM gives every running sequence one decode
-# token per step, then fills the step's token budget with prefill. A 4,000-token prompt makes that step (or those
-# steps) long, and every stream sharing the instance waits for it: its inter-token latency (ITL) jumps from tens
-# of milliseconds to seconds. Notebook 01 measured why: prefill is compute-bound, and the step cannot end sooner.
+# A colocated vLLM instance runs both phases in the same scheduler steps: every running sequence gets one decode
+# token per step, then the step's token budget is filled with prefill. A long prompt makes its step long, and every
+# stream on that instance waits for it: its *inter-token latency* (ITL, the gap between two streamed tokens of a
+# request) jumps from milliseconds to the prompt's prefill time. That is a HOL stall (pdlab counts a gap over 5x the
+# request's median gap). *Chunked prefill* caps each step's tokens (`max_num_batched_tokens`), so a long prompt is
+# prefilled over several steps, each also carrying the streams' tokens. *Disaggregation* moves the long prompts'
+# prefill to another instance (notebooks 00 and 03), and the decode instance only decodes.
 #
-# We start two colocated instances side by side, each on its own core: `default` with vLLM's default budget and
-# `chunked` with `max_num_batched_tokens=256`, then send each the same load in turn.
+# To be fair, all three get the same two cores and the same load: the demo lab, `labs/hol-blocking.yaml` (what
+# `pdlab demo` runs). Its *time to first token* (TTFT) and ITL figures are read per class: *short* requests are
+# streaming chats, *long* ones are documents to read.
 
 # %% tags=["parameters"]
 from pdlab import course
 
-MODEL = course.choose("pdlab-small", "pdlab-tiny")  # the served model
-RATE = course.choose(1.5, 1.5)  # requests per second (Poisson arrivals)
-DURATION_S = course.choose(60, 12)  # seconds of load per instance
-LONG_FRACTION = course.choose(0.2, 0.25)  # share of long prompts
-SHORT_TOKENS, LONG_TOKENS = 64, course.choose(4000, 4000)  # prompt lengths (tokens)
-SHORT_OUTPUT = course.choose(128, 64)  # tokens each short request streams
-CHUNK_BUDGET = 256  # the chunked instance's max_num_batched_tokens
-PORTS = (8120, 8121)  # this notebook's pair, clear of the shared 1P1D deployment's ports (8000, 8100+)
+MODEL = course.choose("pdlab-small", "pdlab-tiny")  # the served model, in every scenario
+DURATION_S = course.choose(None, 12)  # seconds of load per scenario; None: the lab's own
+POINT_AT = None  # a request id from the colocated timeline (say "r00012") whose stall to explain; None: the longest
 
 # %%
-from pdlab.config.workload import MixedWorkload
-from pdlab.deploy import Deployment
-from pdlab.metrics.summary import scenario_summary
+import pandas as pd
+
+lab = course.lab_spec("hol-blocking", MODEL)
+pd.DataFrame([{"scenario": name, "instances": ", ".join(f"{i.name} ({i.role}, core {i.cores})" for i in spec.instances),
+               "token budget": ", ".join(str(i.engine.max_num_batched_tokens or "vLLM's default")
+                                         for i in spec.instances),
+               "router threshold": spec.router.threshold if spec.router else None}
+              for name, spec in lab.scenarios.items()])
+
+# %% [markdown]
+# The load (`lab.workload`): short prompts that stream answers, and long prompts, arriving at random (Poisson). Its
+# rate is set from this machine's speed: before the first scenario pdlab times a few lone long prefills and picks
+# the rate at which the long prompts keep one core busy `prefill_load` of the time, so the comparison means the
+# same on a fast or a slow laptop. The baseline (`alone`) is the same schedule without the long prompts.
+
+# %%
+lab.workload
+
+# %% [markdown]
+# ## 1. Run the lab
+#
+# `run_lab` brings each scenario's deployment up in turn on the same two cores, sends the same schedule, and
+# writes a run directory (`runs/hol-blocking/<time>/`: the raw rows, a summary, an HTML report). From a terminal,
+# `pdlab run labs/hol-blocking.yaml` does the same. It takes a few minutes: each deployment starts in about half a
+# minute, then the load runs.
+
+# %%
+from pdlab.experiment.lab import run_lab
+from pdlab.experiment.runner import read_run
+
+run = read_run(run_lab(lab, duration_s=DURATION_S))
+print(f"run directory: {run.dir}")
+
+# %% [markdown]
+# ## 2. What separates them
+#
+# The verdict, in words, from the run's summary, then the numbers side by side. Read the per-request figures
+# first: the share of short requests that stalled at least once, and each one's worst gap (p50 and p99 over the
+# requests). The ITL p99 over all gaps can hide the stalls: a stall is one long gap among many short ones.
+
+# %%
+from pdlab.report import headline_table, verdict
+
+for line in verdict(run.summary):
+    print(line)
+headline_table(run.summary).round(2)
+
+# %%
 from pdlab.report import figures
 
-spec = course.lab_deployment("local-colocated", MODEL)
-default, chunked = (inst.model_copy(update={"port": port}) for inst, port in zip(spec.instances, PORTS, strict=True))
-chunked = chunked.model_copy(update={"engine": chunked.engine.model_copy(
-    update={"enable_chunked_prefill": True, "max_num_batched_tokens": CHUNK_BUDGET})})
-spec = spec.model_copy(update={"name": "course-hol", "router": None, "instances": [default, chunked]})
-dep = Deployment(spec).start()  # this notebook's own pair, whatever else is running
-for inst in dep.instances:
-    print(f"{inst.name:12} {inst.url}  max_num_batched_tokens={inst.spec.engine.max_num_batched_tokens}")
+figures.hol_figure(run.summary)
 
 # %% [markdown]
-# ## 1. The load
+# ## 3. Point at a stall
 #
-# Open-loop: each request is sent at its scheduled time whether or not the earlier ones have finished, as real
-# users do. Short requests stream `SHORT_OUTPUT` tokens; long ones are documents to read with a short answer.
+# One line per request of the colocated scenario, in send order: the thick part is the wait for the first token,
+# each tick a streamed token, red a stall; the shaded bands are long prompts' prefills. Hover over a red segment:
+# which request stalled, and when? Then find the shaded band it sits in. Set `POINT_AT` to that request's id and
+# run the cell after the figure.
 
 # %%
-workload = MixedWorkload(rate=RATE, duration_s=DURATION_S, long_fraction=LONG_FRACTION, short_tokens=SHORT_TOKENS,
-                         long_tokens=LONG_TOKENS, short_output_tokens=SHORT_OUTPUT, long_output_tokens=8, seed=0)
-rows = {}
-for inst in dep.instances:
-    rows[inst.name] = course.measure_load(dep, workload, scenario=inst.name, lab="hol", url=inst.url)
+colocated = run.rows["colocated"]
+figures.timeline_figure(colocated, title="colocated: vLLM's default token budget")
+
+# %%
+from pdlab.metrics.latency import stall_causes
+
+causes = stall_causes(colocated)
+picked = causes if POINT_AT is None else causes[causes["request_id"] == POINT_AT]
+if picked.empty:
+    print(f"request {POINT_AT!r} did not stall; pick a red segment's request from the timeline")
+else:
+    stall = picked.iloc[0]
+    print(f"request {stall.request_id} ({stall.cls}) waited {stall.gap_s * 1e3:,.0f} ms for its next token, from "
+          f"t={stall.t0_s:.2f} s (its median gap: {stall.median_s * 1e3:,.0f} ms).\nDuring it, long request "
+          f"{stall.long_request} was being prefilled (t={stall.long_t0_s:.2f}-{stall.long_t1_s:.2f} s), "
+          f"{stall.overlap_s * 1e3:,.0f} ms of it inside the stall.")
+causes.head(10).round(3)
 
 # %% [markdown]
-# ## 2. The timeline: where the streams freeze
-#
-# One line per request, in send order. The thick part is the wait for the first token (TTFT), each tick a
-# streamed token, red a *stall* (a gap over 5x that request's median gap). The shaded bands are long prompts'
-# prefills: every red segment sits in one.
+# Now the same load, chunked and disaggregated. Chunked prefill turns each freeze into several shorter gaps (the
+# stream slows instead of stopping); disaggregated, the decode instance never prefills a long prompt.
 
 # %%
-figures.timeline_figure(rows[default.name], title=f"{default.name}: vLLM's default token budget")
+figures.timeline_figure(run.rows["colocated_chunked"], title="colocated, chunked prefill (tuned token budget)")
+
+# %%
+figures.timeline_figure(run.rows["disaggregated"], title="disaggregated: 1 prefill + 1 decode instance")
+
+# %%
+figures.itl_cdf_figure({name: rows for name, rows in run.rows.items()})
 
 # %% [markdown]
-# ## 3. Chunked prefill: the classic mitigation
-#
-# With a budget of 256 tokens per step, a 4,000-token prompt is prefilled over ~16 steps, each also carrying one
-# token of every stream. The streams keep moving, slower, instead of freezing.
-
-# %%
-figures.timeline_figure(rows[chunked.name], title=f"{chunked.name}: max_num_batched_tokens={CHUNK_BUDGET}")
-
-# %%
-from pdlab.report import headline_table
-
-summaries = {name: scenario_summary(r) for name, r in rows.items()}
-headline_table({"scenarios": summaries}).round(1)
-
-# %%
-figures.itl_cdf_figure(rows)
-
-# %% [markdown]
-# **Its limit.** Chunking spreads the prefill but does not remove it: each step still does 256 tokens of prefill
-# work, so while a long prompt is read every stream's ITL is several times its idle value, and a long prompt now
-# takes more steps to reach its first token. The prefill and decode still compete for the same core. The next
-# notebook moves them apart.
+# **The price.** Disaggregated, the long prompts have one prefill core instead of two and wait for their KV
+# transfer: their TTFT is the figure that gets worse (the verdict's last line). Chunked prefill does not remove the
+# prefill work from the decode instance either: a long prompt still takes the same core-seconds, spread out.
 #
 # ## Check: does your measurement show the effect?
 
 # %%
-base, tuned = summaries[default.name]["short"]["itl_ms"], summaries[chunked.name]["short"]["itl_ms"]
+scenarios = run.summary["scenarios"]
+share = {name: scenarios[name]["short"]["stalled"]["share"] for name in scenarios}
+worst = {name: scenarios[name]["short"]["worst_gap_ms"]["p99"] for name in scenarios}
 course.check(
-    base["max"] > 5 * base["p50"],
-    f"with the default budget a short stream froze: its longest gap is {base['max']:,.0f} ms against a median "
-    f"of {base['p50']:,.0f} ms (want > 5x)",
-    "raise DURATION_S or LONG_FRACTION so that long prompts meet running streams, or make LONG_TOKENS longer",
+    share["colocated"] > 2 * share["disaggregated"] and share["colocated"] > 0.1,
+    f"on the same cores, {share['colocated']:.0%} of short requests stalled colocated against "
+    f"{share['disaggregated']:.0%} disaggregated",
+    "raise DURATION_S so long prompts meet running streams; re-run with nothing else busy on the machine",
 )
 course.check(
-    tuned["max"] < base["max"],
-    f"chunked prefill shortens the worst freeze ({tuned['max']:,.0f} ms vs {base['max']:,.0f} ms)",
+    worst["colocated_chunked"] < worst["colocated"] and worst["disaggregated"] < worst["colocated"],
+    f"chunked prefill and disaggregation both shorten the short requests' worst gap (p99 over requests): "
+    f"{worst['colocated']:,.0f} ms colocated, {worst['colocated_chunked']:,.0f} ms chunked, "
+    f"{worst['disaggregated']:,.0f} ms disaggregated",
     "re-run with nothing else busy on the machine; a longer DURATION_S gives more collisions to compare",
 )
-
-# %%
-dep.stop()
+course.check(not causes.empty and (causes["overlap_s"] > 0).all(),
+             f"every stall of the colocated run sat inside a long prompt's prefill ({len(causes)} stalls)",
+             "a stall outside every prefill means something else froze the instance: look at its log")
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. Set `CHUNK_BUDGET` to 64 and to 1024. How do the short streams' p99 ITL and the long prompts' TTFT move?
-#    Which users pay for a smaller budget?
-# 2. Double `RATE`. Do stalls get longer, more frequent, or both? Why (think about how many streams are running
-#    when a long prompt arrives)?
-# 3. Set `LONG_FRACTION` to 0: what is the ITL of a stream with no long prompt around? That is the figure
-#    disaggregation tries to keep under any load.
+# 1. In a copy of `labs/hol-blocking.yaml`, set the chunked scenario's `max_num_batched_tokens` to 64 and to 1024
+#    (load it with `course.lab_spec(PATH, MODEL)`). How do the share stalled, the worst gap and the long prompts'
+#    TTFT move? Which users pay for a smaller budget?
+# 2. Raise the workload's `prefill_load` from 0.55 to 0.8. Do stalls get longer, more frequent, or both? What
+#    happens to the disaggregated scenario's long prompts, whose prefill now has one core?
+# 3. Find a short request that stalled twice in the colocated timeline. Were both stalls the same long prompt?
+# 4. Compare the short requests' ITL p99 with their worst gap p99 in the table. Why can a run where a third of the
+#    short requests froze still have a low ITL p99?

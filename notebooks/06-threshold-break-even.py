@@ -25,9 +25,14 @@
 # For each prompt length `L` we run the same load twice, changing only the router: threshold `L + 1` sends the
 # `L`-token prompts straight to the decode instance (*direct*), threshold `L` sends them through prefill -> decode
 # (*disaggregated*). Short prompts (64 tokens) go direct both times. A long prompt's prefill on the decode
-# instance costs the streams about `L / prefill speed` seconds; its KV transfer costs `L x bytes per token /
-# link speed` plus a fixed hop. The stall grows with `L` as fast as the transfer, but starts from far higher, so
-# below some `L` the fixed costs win and above it disaggregation pays.
+# instance costs the streams about `L / prefill speed` seconds. Disaggregating it costs the long prompt an extra
+# HTTP hop and its KV transfer. On an idle link and an idle sender the transfer is about `L x bytes per token /
+# link speed` (notebook 03: a few milliseconds for a 3,000-token prompt of pdlab-small on loopback), but a prefill
+# instance busy computing the next prompt serves the decode instance's read only between its steps: `pdlab bench
+# transfer` measured the same 3,000-token read (49 MB) at 6-12 ms beside an idle prefill instance and 350-1,050 ms
+# (medians) beside a busy one, on this machine kind (data/results/transfer/). So under load the transfer's cost is
+# mostly that wait, which grows with how long the sender's steps are, not with `L`. The stall it saves grows with
+# `L`; below some `L` the hop and the wait win, and above it disaggregation pays.
 
 # %% tags=["parameters"]
 from pdlab import course
@@ -90,6 +95,9 @@ sweep_figure(table, x="prompt_tokens", y="short_itl_p99_ms", color="path",
 sweep_figure(table, x="prompt_tokens", y="long_ttft_p99_ms", color="path",
              title="long prompts' p99 TTFT: what disaggregating costs them")
 
+# %%
+dep.stop()  # stops it only if this notebook started it; the checks below use what it measured
+
 # %% [markdown]
 # Read the two figures together. Where the *direct* curve of the first figure rises far above the
 # *disaggregated* one, the prefill is stalling streams and disaggregation pays. Where the two lie together, the
@@ -124,14 +132,12 @@ course.check(
     "put a shorter length (128 or 256) first in LENGTHS",
 )
 
-# %%
-dep.stop()  # stops it only if this notebook started it
-
 # %% [markdown]
 # ## Exercises
 #
 # 1. Fill `LENGTHS` in between (e.g. 128 to 2048) and find the smallest length where the gain exceeds 2x. Is it
 #    above or below the lab spec's threshold (512, `labs/local-1p1d-router.yaml`)? Would you change it?
-# 2. From `kv_ms_per_transfer` and `kv_mb_per_transfer`, what link speed did the transfer reach? How would the
-#    break-even move on a link 100x faster (EFA, notebook 07) or 10x slower (a congested TCP network)?
+# 2. From `kv_ms_per_transfer` and `kv_mb_per_transfer`, what rate did the transfers reach? Compare it with the
+#    idle transfer of notebook 03: how much of `kv_ms_per_transfer` is the wait for a busy prefill instance? How
+#    would the break-even move on a link 100x faster (EFA, notebook 07) or 10x slower (a congested TCP network)?
 # 3. Double `RATE`: more streams are running when a prefill lands. Does the break-even move up or down?

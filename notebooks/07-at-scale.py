@@ -20,8 +20,8 @@
 # - run pdlab's simulator (`pdlab.sim`) on a cluster deployment: Llama-3.1-70B on H200s, pools of prefill and
 #   decode instances, the KV cache moved over EFA;
 # - compare colocated and disaggregated serving on the same number of GPUs, under the same load;
-# - explore threshold, pool sizes, rate and link interactively, and say which of the lab's local conclusions carry
-#   over to a cluster.
+# - explore threshold, pool sizes, rate, link and replica strategy interactively, and say which of the lab's local
+#   conclusions carry over to a cluster.
 #
 # The simulator steps each instance's scheduler like vLLM's (decode tokens first, then prefill chunks within the
 # token budget), with step times from a roofline of the GPU's datasheet figures (the H200's efficiencies measured
@@ -35,6 +35,8 @@ from pdlab import course
 SCENARIO = "llama70b-h200-efa"  # a spec under labs/sim/
 NUM_REQUESTS = course.choose(4000, 600)  # simulated requests per run
 THRESHOLDS = course.choose([0, 1024, 2048, 4096, 8192, 8193], [0, 4096, 8193])  # for the sweep (tokens)
+PREFIX_SCENARIO = "llama8b-h200-shared-prefix"  # section 4: replica choice on a shared-prefix trace
+PREFIX_REQUESTS = course.choose(2400, 800)  # of its 2,400 recorded requests
 
 # %%
 from pdlab.config.base import load_yaml
@@ -123,6 +125,30 @@ panel = SimPanel(spec, catalog)
 panel.widget
 
 # %% [markdown]
+# ## 4. Replica choice at cluster scale
+#
+# Notebook 04 moved the strategy on two replicas. Here the same router code chooses among 8 colocated
+# Llama-3.1-8B instances, one H200 each, with prefix caching, replaying 80 questions a second about 400 documents
+# of 4,096 tokens (`labs/sim/llama8b-h200-shared-prefix.yaml`). The documents' KV (about 215 GB in bf16) is more
+# than one instance's cache holds (about 120 GB) but fits across the eight: where each document is sent decides
+# how often its KV is found instead of computed. Switch `decode pool` between `roundrobin` and `prefixaware`: the
+# grey bars are the setting before the switch. The right-hand bars are shares: SLO attainment, and the prompt
+# tokens found in a prefix cache.
+
+# %%
+prefix_spec = load_yaml(repo_root() / "labs" / "sim" / f"{PREFIX_SCENARIO}.yaml", SimSpec)
+prefix_spec = prefix_spec.model_copy(update={"workload": prefix_spec.workload.model_copy(update={
+    "trace": prefix_spec.workload.trace.model_copy(update={"num_requests": PREFIX_REQUESTS})})})
+replicas = SimPanel(prefix_spec, catalog)
+spread = replicas.summary
+replicas.decode_strategy.value = "prefixaware"
+kept = replicas.wait()
+replicas.widget
+
+# %%
+sim_table({"roundrobin": spread, "prefixaware": kept}).round(3)
+
+# %% [markdown]
 # ## Check: does your simulation show the effect?
 
 # %%
@@ -134,6 +160,14 @@ course.check(
     f"(want < 1/2), and their longest inter-token gap from {colocated['short']['itl_ms']['max']:,.0f} ms to "
     f"{disaggregated['short']['itl_ms']['max']:,.0f} ms",
     "the scenario needs long prompts (long_fraction > 0) above the threshold; raise NUM_REQUESTS",
+)
+course.check(
+    kept["prefix_cache"]["hit_rate"] > spread["prefix_cache"]["hit_rate"] + 0.2
+    and kept["goodput"]["attainment"] > spread["goodput"]["attainment"],
+    f"on 8 replicas, prefix-aware routing finds {kept['prefix_cache']['hit_rate']:.0%} of prompt tokens in a cache "
+    f"against {spread['prefix_cache']['hit_rate']:.0%} round-robin, and {kept['goodput']['attainment']:.0%} of "
+    f"requests meet the SLOs against {spread['goodput']['attainment']:.0%}",
+    "raise PREFIX_REQUESTS: the caches need a few visits per document to fill",
 )
 
 # %% [markdown]
@@ -155,3 +189,6 @@ course.check(
 #    prompt and its tokens again. Raise `rate_rps` from 0.3 to 0.6: where do preemptions start, and what do
 #    they do to TPOT p99? Would a second instance or a cache twice as large buy more? The same effect, measured
 #    on your machine: `pdlab run labs/kv-pressure.yaml` (about 5 minutes) prints how many requests vLLM preempted.
+# 6. In section 4's panel, try `kvaware` and `leastloaded`, then lower the rate to 40 req/s. Which strategies
+#    keep documents on one instance? At what rate does round-robin meet the SLOs again, and why does prefix-aware
+#    routing matter more the busier the cluster is?

@@ -1,6 +1,14 @@
-"""A real browser drives JupyterLab: open notebook 04-router, run all cells against the notebooks' shared 1P1D
-deployment, move the router threshold slider, and check that the plotly FigureWidget redrew (browser -> kernel
-callback -> live router -> load -> browser) and that the router's /admin/config changed. Screenshots go to the
+"""A real browser drives JupyterLab through both kinds of panel, as a learner does:
+
+1. notebook 04-router, its kernel attached to the session's two shared deployments (the 1P1D with its router, and
+   the two replicas with prefix caching): Run All, every check cell passes; then the threshold slider is dragged to
+   its right end and the live panel's plotly FigureWidget gets a new point (browser -> kernel callback -> live
+   router -> load -> browser), while the router's /admin/config says the new threshold;
+2. notebook 07-at-scale: Run All, every check cell passes; then the simulator panel's decode strategy is switched
+   from `prefixaware` to `roundrobin` and its figure redraws: the prefix-cache bar drops, the previous setting
+   stays beside it.
+
+These two notebooks run here, in the browser, and not again in tests/course/test_notebooks.py. Screenshots go to the
 test's tmp directory.
 
 Needs Debian's chromium (`make browser-deps`); Playwright's Python package drives it through
@@ -27,7 +35,7 @@ from pathlib import Path
 import httpx
 import jupytext
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 import pdlab
@@ -41,10 +49,12 @@ PORT_RANGE = range(20800, 20900)
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage"]
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04-router.py"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+#: The notebooks this test runs (and tests/course/test_notebooks.py therefore does not).
+BROWSER_NOTEBOOKS = ("04-router", "07-at-scale")
 UI_TIMEOUT_MS = 90_000
-#: Running 04 top to bottom: two short loads, plus one more after the slider moves.
-RUN_TIMEOUT_MS = 300_000
+#: Running 04 top to bottom: four short loads on two deployments, plus one more after the slider moves.
+RUN_TIMEOUT_MS = 400_000
 #: An output area holding a traceback.
 ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')"
 
@@ -89,16 +99,17 @@ def write_lab_settings(settings_dir: Path) -> None:
 
 
 @pytest.fixture
-def lab(tmp_path: Path, notebook_1p1d: str) -> Iterator[Lab]:
-    """JupyterLab on a free loopback port with a token, serving a fresh folder with notebook 04, its kernels
-    attached to the shared deployment; stopped (with its kernels) after."""
+def lab(tmp_path: Path, notebook_1p1d: str, notebook_replicas: str) -> Iterator[Lab]:
+    """JupyterLab on a free loopback port with a token, serving a fresh folder with notebooks 04 and 07, its
+    kernels attached to the shared deployments; stopped (with its kernels) after."""
     root = tmp_path / "lab"
     root.mkdir()
-    jupytext.write(jupytext.read(NOTEBOOK), root / "04-router.ipynb")
+    for stem in BROWSER_NOTEBOOKS:
+        jupytext.write(jupytext.read(NOTEBOOKS / f"{stem}.py"), root / f"{stem}.ipynb")
     write_lab_settings(tmp_path / "lab-settings")
     port, token = free_port(), f"pdlab-test-{random.getrandbits(64):x}"
     source_root = str(Path(pdlab.__file__).resolve().parents[1])
-    env = {**os.environ, "PDLAB_QUICK": "1", ATTACH_ENV: notebook_1p1d,
+    env = {**os.environ, "PDLAB_QUICK": "1", ATTACH_ENV: f"{notebook_1p1d},{notebook_replicas}",
            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
            "PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
@@ -231,61 +242,70 @@ def run_until_output(page: Page, lab: Lab, text: str, timeout_ms: int, rerun_aft
     pytest.fail(f"no cell printed {text!r} within {timeout_ms / 1000:.0f} s:\n{notebook_state(page, lab)}")
 
 
-def figure_state(page: Page) -> dict:
-    """What plotly.js is drawing now: the figure's title and its first trace's x values (one per run)."""
-    return page.evaluate("""() => {
-        const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
-        return {title: plot.layout.title.text, x: Array.from(plot.data[0].x || [])};
-    }""")
+def check_cells_passed(page: Page, lab: Lab, stem: str) -> None:
+    """Every code cell ran, no output holds a traceback, and each `course.check` call printed `check passed`."""
+    expected = sum(cell.source.count("course.check(") for cell in jupytext.read(NOTEBOOKS / f"{stem}.py").cells
+                   if cell.cell_type == "code")
+    passed = page.locator(".jp-OutputArea-output").filter(has_text="check passed").all_inner_texts()
+    count = sum(text.count("check passed") for text in passed)
+    assert count == expected, f"{stem}: {count} of {expected} checks passed\n{notebook_state(page, lab)}"
+    assert not page.locator(ERROR_OUTPUT).count(), notebook_state(page, lab)
 
 
-def wait_for_runs(page: Page, runs: int) -> None:
-    page.wait_for_function(f"""() => {{
-        const plot = Array.from(document.querySelectorAll('.js-plotly-plot')).pop();
-        // While the widget redraws, the figure can hold no trace for a moment: wait on, do not fail.
-        return (plot?.data?.[0]?.x?.length ?? 0) >= {runs};
-    }}""", timeout=RUN_TIMEOUT_MS)
+def plot_state(plot: Locator) -> dict:
+    """What plotly.js is drawing now in one figure: its title and each trace's name, x and y."""
+    return plot.evaluate("""p => ({title: p.layout.title.text,
+        traces: p.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || [])}))})""")
 
 
-def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp_path: Path,
-                                                       notebook_1p1d: str) -> None:
-    dep = Deployment.attach(notebook_1p1d)
-    threshold = set_router(dep)["threshold"]  # restored after: later tests share the deployment
-    open_notebook(page, lab.open_url("04-router.ipynb"))
+def wait_for_plot(plot: Locator, condition: str, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    """Wait until `condition` (a JS expression over the plot `p`) holds; while a widget redraws, the figure can
+    hold no trace for a moment: wait on, do not fail."""
+    plot.page.wait_for_function(f"p => {{ try {{ return Boolean({condition}); }} catch (e) {{ return false; }} }}",
+                                arg=plot.element_handle(), timeout=timeout_ms)
+
+
+def run_notebook(page: Page, lab: Lab, stem: str, last_check: str) -> None:
+    open_notebook(page, lab.open_url(f"{stem}.ipynb"))
     # Once more, now that its kernel runs: on a loaded machine the first page's kernel websocket can fail while the
     # server is still setting the kernel up (a 500 in its log, seen in CI); the client reconnects, but the widget
     # manager has lost the comm and every widget reads "Error displaying widget: model not found".
-    open_notebook(page, lab.open_url("04-router.ipynb"))
-    # The notebook's own two settings (everything direct, then the lab's threshold) ran when its first check did.
-    run_until_output(page, lab, "check passed: the router followed the live threshold", RUN_TIMEOUT_MS)
+    open_notebook(page, lab.open_url(f"{stem}.ipynb"))
+    run_until_output(page, lab, f"check passed: {last_check}", RUN_TIMEOUT_MS)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
                            timeout=RUN_TIMEOUT_MS)
-    # 04 shows the panel twice, the second time near its end, where Run All leaves the view: use that one.
-    panel = page.locator(".widget-vbox", has=page.locator(".js-plotly-plot")).last
-    panel.scroll_into_view_if_needed()
-    panel.locator(".js-plotly-plot .main-svg").first.wait_for()
-    wait_for_runs(page, 2)
-    page.screenshot(path=str(tmp_path / "01-notebook-ran.png"), full_page=True)
-    before = figure_state(page)
-    assert before["x"][0] == 8192 and before["x"][1] < 8192, before
-    assert before["title"].startswith(f"threshold {before['x'][1]}:"), before
+    check_cells_passed(page, lab, stem)
 
-    # Drag the threshold slider's handle (the panel's first slider) past the right end of its track, as a learner
-    # would: on release the kernel applies 8192 to the live router and runs a short load.
-    slider = panel.locator(".widget-slider").first
-    handle = slider.locator(".noUi-handle").bounding_box()
-    track = slider.locator(".noUi-target").bounding_box()
-    assert handle and track
-    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
-    page.mouse.down()
-    page.mouse.move(track["x"] + track["width"] + 20, handle["y"] + handle["height"] / 2, steps=10)
-    page.mouse.up()
 
+def test_both_panels_move_what_they_say(lab: Lab, page: Page, tmp_path: Path, notebook_1p1d: str) -> None:
+    dep = Deployment.attach(notebook_1p1d)
+    threshold = set_router(dep)["threshold"]  # restored after: later tests share the deployment
     try:
-        wait_for_runs(page, 3)
-        page.screenshot(path=str(tmp_path / "02-slider-moved.png"), full_page=True)
-        after = figure_state(page)
-        assert after["x"] == [*before["x"], 8192], after
+        run_notebook(page, lab, "04-router", "prefix-aware routing found more")
+        # The threshold panel: the VBox with sliders and a figure (shown twice in 04: take the last).
+        panel = page.locator(".widget-vbox:has(.js-plotly-plot):has(.widget-slider)").last
+        panel.scroll_into_view_if_needed()
+        plot = panel.locator(".js-plotly-plot").first
+        wait_for_plot(plot, "p.data[0].x.length >= 2")
+        page.screenshot(path=str(tmp_path / "01-04-ran.png"), full_page=True)
+        before = plot_state(plot)
+        assert before["traces"][0]["x"][0] == 8192 and before["traces"][0]["x"][1] < 8192, before
+        assert before["title"].startswith(f"threshold {before['traces'][0]['x'][1]}:"), before
+
+        # Drag the threshold slider's handle (the panel's first slider) past the right end of its track, as a
+        # learner would: on release the kernel applies 8192 to the live router and runs a short load.
+        slider = panel.locator(".widget-slider").first
+        handle = slider.locator(".noUi-handle").bounding_box()
+        track = slider.locator(".noUi-target").bounding_box()
+        assert handle and track
+        page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(track["x"] + track["width"] + 20, handle["y"] + handle["height"] / 2, steps=10)
+        page.mouse.up()
+        wait_for_plot(plot, "p.data[0].x.length >= 3")
+        page.screenshot(path=str(tmp_path / "02-threshold-moved.png"), full_page=True)
+        after = plot_state(plot)
+        assert after["traces"][0]["x"] == [*before["traces"][0]["x"], 8192], after
         assert after["title"].startswith("threshold 8192:"), after
         assert slider.locator(".widget-readout").inner_text().strip() == "8192"
         live = httpx.get(dep.router_url + "/admin/config", headers={"Authorization": f"Bearer {dep.admin_token}"},
@@ -293,4 +313,20 @@ def test_threshold_slider_reconfigures_the_live_router(lab: Lab, page: Page, tmp
         assert live["threshold"] == 8192, live
     finally:
         set_router(dep, threshold=threshold)  # leave the shared deployment as the other tests expect it
+
+    run_notebook(page, lab, "07-at-scale", "on 8 replicas")
+    # The shared-prefix panel: the last simulator panel (a VBox with a figure and a `decode pool` dropdown).
+    panel = page.locator(".widget-vbox:has(.js-plotly-plot):has(.widget-dropdown)").last
+    panel.scroll_into_view_if_needed()
+    plot = panel.locator(".js-plotly-plot").first
+    before = plot_state(plot)
+    assert "prefixaware" in before["title"], before
+    hits_before = before["traces"][3]["y"][1]  # "now" shares: SLO attainment, prefix-cache hits
+    dropdown = panel.locator(".widget-dropdown", has_text="decode pool").locator("select")
+    dropdown.select_option("roundrobin")
+    wait_for_plot(plot, "p.layout.title.text.includes('roundrobin')", UI_TIMEOUT_MS)
+    page.screenshot(path=str(tmp_path / "03-strategy-switched.png"), full_page=True)
+    after = plot_state(plot)
+    assert after["traces"][3]["y"][1] < hits_before - 20, (before, after)  # percent of prompt tokens
+    assert after["traces"][1]["y"] == before["traces"][3]["y"], "the previous setting stays beside the new one"
     print(f"screenshots: {tmp_path}")

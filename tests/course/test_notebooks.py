@@ -19,15 +19,18 @@ from nbclient.exceptions import CellExecutionError
 
 import pdlab
 from pdlab.course import ATTACH_ENV, QUICK_ENV
+from pdlab.netlab import unavailable_reason
+from tests.course.test_browser import BROWSER_NOTEBOOKS
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
 
 #: Per-notebook time limit for one cell, seconds (quick mode keeps each notebook well under a minute).
 CELL_TIMEOUT_S = 300
-#: Notebooks that serve from a shared 1P1D+router deployment: they get `notebook_1p1d` through $PDLAB_ATTACH
-#: instead of starting their own (00 and 02 start theirs: bringing one up is 00's subject, 02 needs a colocated pair).
-ATTACHED = {"03-disaggregate", "04-router", "05-load-and-slos", "06-threshold-break-even"}
+#: Notebooks that serve from the session's shared deployments, by the fixtures naming them: they get them through
+#: $PDLAB_ATTACH instead of starting their own (`course.open_deployment` picks the one laid out as it needs). 00 and
+#: 03 start theirs (bringing one up is their subject), 02 runs the demo lab's three scenarios.
+ATTACHED = {"05-load-and-slos": ("notebook_1p1d",), "06-threshold-break-even": ("notebook_1p1d",)}
 
 
 
@@ -65,6 +68,9 @@ def test_notebook_follows_the_course_pattern(path: Path) -> None:
     code = [c for c in cells if c.cell_type == "code"]
     assert any("course.check(" in c.source for c in code), "no check cell"
     assert cells[-1].cell_type == "markdown" and "## Exercises" in cells[-1].source, "last cell: exercises"
+    numbers = [int(line.split(".")[0]) for line in cells[-1].source.splitlines() if line[:1].isdigit()]
+    assert numbers and numbers == list(range(1, len(numbers) + 1)), \
+        f"exercises: a numbered list 1., 2., ... (answers refer to them by number), got {numbers}"
     for i, cell in enumerate(code):
         compile(cell.source, f"{path.name}[code cell {i}]", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     assert notebook.metadata["jupytext"]["formats"] == "ipynb,py:percent", "pair with ipynb (make lab syncs them)"
@@ -72,8 +78,10 @@ def test_notebook_follows_the_course_pattern(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path: Path, request: pytest.FixtureRequest) -> None:
+    if path.stem in BROWSER_NOTEBOOKS:
+        pytest.skip("run top to bottom, every check cell asserted, in a real browser by tests/course/test_browser.py")
     # Only the notebooks that need it start the shared deployment (`-k 07` starts no vLLM).
-    attach = request.getfixturevalue("notebook_1p1d") if path.stem in ATTACHED else None
+    attach = ",".join(request.getfixturevalue(name) for name in ATTACHED.get(path.stem, ())) or None
     try:
         notebook = execute(path, attach)
     except CellExecutionError as error:
@@ -82,6 +90,10 @@ def test_notebook_runs_top_to_bottom(path: Path, request: pytest.FixtureRequest)
     assert executed and all(cell.get("execution_count") for cell in executed), "not every code cell ran"
     checks = [out for cell in executed for out in cell.get("outputs", []) if "check passed" in out.get("text", "")]
     assert checks, f"{path.name} has no check cell that passed (every notebook must assert its effect)"
+    printed = "".join(out.get("text", "") for cell in executed for out in cell.get("outputs", []))
+    if path.stem == "03-disaggregate" and unavailable_reason() is None:  # as root (CI): the two-node layout, for real
+        assert "two nodes with a shaped link" in printed and "check passed: a " in printed, \
+            "03 did not run on two nodes, or did not check the link's effect"
 
 
 def test_kernel_is_this_python() -> None:
