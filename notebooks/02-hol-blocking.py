@@ -74,7 +74,7 @@ lab.workload
 from pdlab.experiment.lab import run_lab
 from pdlab.experiment.runner import read_run
 
-run = read_run(run_lab(lab, duration_s=DURATION_S))
+run = course.shared_run(lab) or read_run(run_lab(lab, duration_s=DURATION_S))  # a run $PDLAB_RUN names, else now
 print(f"run directory: {run.dir}")
 
 # %% [markdown]

@@ -102,9 +102,7 @@ all_direct = panel.wait()
 panel.threshold.value = start_threshold if start_threshold < MAX_THRESHOLD else 512
 split = panel.wait()
 for run in (all_direct, split):
-    print(f"{run.label()}: {run.direct} direct, {run.disaggregated} through prefill -> decode; "
-          f"{run.short_stalled_share:.0%} of short requests stalled, worst gap p99 "
-          f"{run.short_worst_gap_p99_ms:,.0f} ms; long TTFT p50 {run.long_ttft_p50_ms or float('nan'):,.0f} ms")
+    print(f"{run.label()}: {run.direct} direct, {run.disaggregated} through prefill -> decode; {run.figures()}")
 
 # %% [markdown]
 # Everything direct, every long prompt is prefilled on the instance that streams the short answers, and each

@@ -21,7 +21,8 @@ from pdlab.config.deployment import DeploymentSpec
 from pdlab.config.lab import LabSpec, load_lab
 from pdlab.deploy import DeployError, Deployment, state
 from pdlab.deploy.process import stop_group
-from pdlab.experiment.runner import ExperimentRun
+from pdlab.experiment.runner import ExperimentRun, RunData, read_run
+from pdlab.load import rundir
 from pdlab.load.schedule import Workload
 from pdlab.settings import repo_root
 
@@ -30,6 +31,10 @@ QUICK_ENV = "PDLAB_QUICK"
 #: Names deployments already up (`pdlab up`; several separated by commas) for notebooks to use instead of
 #: starting their own when one is laid out as they need (CI shares them).
 ATTACH_ENV = "PDLAB_ATTACH"
+
+#: Names a run directory of a lab (`pdlab run`, `pdlab demo`) for notebooks to read instead of running the same lab
+#: again (CI shares the demo's run with notebook 02).
+RUN_ENV = "PDLAB_RUN"
 
 T = TypeVar("T")
 
@@ -310,6 +315,18 @@ def deployment(lab: str | Path | DeploymentSpec, model: str | None = None) -> It
         yield dep
     finally:
         dep.stop()
+
+
+def shared_run(lab: LabSpec) -> RunData | None:
+    """The run `$PDLAB_RUN` names when it is a complete run of `lab` (read, not run again), else None."""
+    path = os.environ.get(RUN_ENV, "").strip()
+    if not path or not (Path(path) / rundir.SUMMARY).is_file():
+        return None
+    run = read_run(path)
+    if run.summary.get("lab") != lab.name or not run.summary.get("complete"):
+        return None
+    print(f"reading the run {path} (${RUN_ENV}) instead of running the lab again")
+    return run
 
 
 def measure_load(dep: Deployment, workload: Workload, *, scenario: str = "load", lab: str = "course",

@@ -157,6 +157,11 @@ class PanelRun:
     def label(self) -> str:
         return f"threshold {self.threshold}, {self.load}"
 
+    def figures(self) -> str:
+        """What it measured, in words ("-" for a figure the run could not give, e.g. no short request finished)."""
+        return (f"{_pct(self.short_stalled_share)} of short requests stalled, worst gap p99 "
+                f"{_ms(self.short_worst_gap_p99_ms)}; long TTFT p50 {_ms(self.long_ttft_p50_ms)}")
+
 
 def _get(data: Any, *path: str) -> Any:
     for key in path:
@@ -253,9 +258,7 @@ class RouterPanel:
                 self.figure.add_scatter(x=[r.threshold for r in mine], y=[r.long_ttft_p50_ms for r in mine],
                                         text=text, mode="markers", name=load, marker=marker, legendgroup=load,
                                         showlegend=False, row=1, col=2)
-            self.figure.layout.title.text = (
-                f"threshold {run.threshold}: {_pct(run.short_stalled_share)} of short requests stalled, worst gap "
-                f"p99 {_ms(run.short_worst_gap_p99_ms)}; long TTFT p50 {_ms(run.long_ttft_p50_ms)}")
+            self.figure.layout.title.text = f"threshold {run.threshold}: {run.figures()}"
         self.status.value = (f"last run: {run.label()}: {run.direct} direct, {run.disaggregated} through "
                              "prefill -> decode")
 

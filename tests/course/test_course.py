@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pdlab import course
+from pdlab.load import rundir
 from pdlab.model import CATALOG
 
 
@@ -103,3 +104,18 @@ def test_attached_picks_the_deployment_laid_out_as_asked() -> None:
     assert course.layout(one) != course.layout(two)
     renamed = one.model_copy(update={"name": "other", "model": one.model.model_copy(update={"name": "pdlab-small"})})
     assert course.layout(renamed) == course.layout(one)  # names, ports and the model do not matter
+
+
+def test_shared_run_reads_only_a_complete_run_of_the_same_lab(tmp_path, monkeypatch) -> None:
+    lab = course.lab_spec("hol-blocking", "pdlab-tiny")
+    monkeypatch.setenv(course.RUN_ENV, str(tmp_path))
+    assert course.shared_run(lab) is None  # no summary there
+    for summary in ({"lab": "other", "complete": True, "scenarios": {}},
+                    {"lab": lab.name, "complete": False, "scenarios": {}}):
+        rundir.write_json(tmp_path / rundir.SUMMARY, summary)
+        assert course.shared_run(lab) is None, summary
+    rundir.write_json(tmp_path / rundir.SUMMARY, {"lab": lab.name, "complete": True, "scenarios": {}})
+    run = course.shared_run(lab)
+    assert run is not None and run.dir == tmp_path and run.summary["lab"] == lab.name
+    monkeypatch.delenv(course.RUN_ENV)
+    assert course.shared_run(lab) is None

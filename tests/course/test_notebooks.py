@@ -18,7 +18,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 import pdlab
-from pdlab.course import ATTACH_ENV, QUICK_ENV
+from pdlab.course import ATTACH_ENV, QUICK_ENV, RUN_ENV
 from pdlab.netlab import unavailable_reason
 from tests.course.test_browser import BROWSER_NOTEBOOKS
 
@@ -29,26 +29,30 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]-*.py"))
 CELL_TIMEOUT_S = 300
 #: Notebooks that serve from the session's shared deployments, by the fixtures naming them: they get them through
 #: $PDLAB_ATTACH instead of starting their own (`course.open_deployment` picks the one laid out as it needs). 00 and
-#: 03 start theirs (bringing one up is their subject), 02 runs the demo lab's three scenarios.
+#: 03 start theirs (bringing one up is their subject).
 ATTACHED = {"05-load-and-slos": ("notebook_1p1d",), "06-threshold-break-even": ("notebook_1p1d",)}
 
+#: Notebooks that read a run of a lab the session made already (its fixture names the run directory, $PDLAB_RUN)
+#: instead of running the lab again: 02 reads the demo's.
+SHARED_RUNS = {"02-hol-blocking": "demo_run"}
 
 
-def kernel_env(attach: str | None = None) -> dict[str, str]:
+def kernel_env(attach: str | None = None, run: str | None = None) -> dict[str, str]:
     """The test's environment plus quick mode, with this pdlab's source first on the kernel's path; `attach` names
-    a running deployment for the notebook to use ($PDLAB_ATTACH)."""
+    a running deployment for the notebook to use ($PDLAB_ATTACH), `run` a run directory to read ($PDLAB_RUN)."""
     source_root = str(Path(pdlab.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {k: v for k, v in os.environ.items() if k != ATTACH_ENV}
-    return {**env, QUICK_ENV: "1", "PYTHONPATH": path, **({ATTACH_ENV: attach} if attach else {})}
+    env = {k: v for k, v in os.environ.items() if k not in (ATTACH_ENV, RUN_ENV)}
+    return {**env, QUICK_ENV: "1", "PYTHONPATH": path, **({ATTACH_ENV: attach} if attach else {}),
+            **({RUN_ENV: run} if run else {})}
 
 
-def execute(path: Path, attach: str | None = None) -> nbformat.NotebookNode:
+def execute(path: Path, attach: str | None = None, run: str | None = None) -> nbformat.NotebookNode:
     notebook = jupytext.read(path)
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     # The "python3" kernelspec starts sys.executable (jupyter_client substitutes it), i.e. this venv's Python.
-    client.execute(env=kernel_env(attach))
+    client.execute(env=kernel_env(attach, run))
     return notebook
 
 
@@ -82,8 +86,14 @@ def test_notebook_runs_top_to_bottom(path: Path, request: pytest.FixtureRequest)
         pytest.skip("run top to bottom, every check cell asserted, in a real browser by tests/course/test_browser.py")
     # Only the notebooks that need it start the shared deployment (`-k 07` starts no vLLM).
     attach = ",".join(request.getfixturevalue(name) for name in ATTACHED.get(path.stem, ())) or None
+    run = None
+    if path.stem in SHARED_RUNS:
+        try:
+            run = str(request.getfixturevalue(SHARED_RUNS[path.stem]).dir)
+        except pytest.FixtureLookupError:  # no such session run in this checkout: the notebook runs the lab itself
+            run = None
     try:
-        notebook = execute(path, attach)
+        notebook = execute(path, attach, run)
     except CellExecutionError as error:
         pytest.fail(f"{path.name} failed in quick mode:\n{error}", pytrace=False)
     executed = [cell for cell in notebook.cells if cell.cell_type == "code"]

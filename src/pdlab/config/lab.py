@@ -168,7 +168,6 @@ def load_lab(path: str | Path) -> LabSpec:
     return load_yaml(path, LabSpec)
 
 
-
 def parse_lab(text: str, source: str = "lab spec") -> LabSpec:
     """Validate a lab spec written as YAML text (a notebook cell, a string); errors name `source` and each bad
     field, as for a file."""
