@@ -111,7 +111,7 @@ def test_explain_says_what_every_flag_key_and_variable_does():
     kinds = {(row["kind"], row["name"]) for row in rows}
     assert ("prefix", "taskset") in kinds and ("flag", "--kv-transfer-config") in kinds
     assert {("kv", "kv_connector"), ("kv", "kv_role"), ("env", "UCX_TLS"),
-            ("env", "VLLM_NIXL_SIDE_CHANNEL_PORT")} <= kinds
+            ("env", "VLLM_NIXL_SIDE_CHANNEL_PORT"), ("env", "UCX_NET_DEVICES")} <= kinds
     assert all(row["meaning"] for row in rows), [row for row in rows if not row["meaning"]]
     assert "UNRELATED" not in prefill.own_env and prefill.env["UNRELATED"] == "1"  # only what pdlab sets is shown
     line = shell_line(prefill)

@@ -273,7 +273,8 @@ ENV_HELP = {
     "VLLM_NIXL_SIDE_CHANNEL_PORT": "the side channel's port; each instance on a host needs its own",
     "UCX_TLS": "the transports UCX may use (tcp, self = within a process, sm = shared memory between processes); "
                "on two nodes shared memory is left out so the KV cache crosses the link",
-    "UCX_NET_DEVICES": "the network interface UCX sends on (a node's link)",
+    "UCX_NET_DEVICES": "the network interfaces UCX listens and sends on: lo (loopback only, like every port pdlab "
+                       "opens by default), or a node's link on two nodes",
     "UCX_USE_MT_MUTEX": "UCX's worker lock as a mutex, not a spinlock: with NIXL's progress thread at idle "
                         "priority a spinlock froze the decode instance 0.4-1.6 s around KV reads",
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "seconds an idle keep-alive connection stays open (the router reuses them)",
