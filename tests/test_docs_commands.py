@@ -124,6 +124,9 @@ COMMANDS: dict[str, Way] = {
         "pdlab up {LAB}", "session", why="the test session's shared deployment is started exactly so, with the test "
         "model and ports of its own, by tests/conftest.py live_1p1d (which every `deployment` command here uses)"),
     "pdlab status": Way("pdlab status", "deployment", expect="pytest-1p1d", why=AS_WRITTEN),
+    # --- the course (notebook 00, docs/course.md): what `pdlab up` would run, started nothing
+    "pdlab up labs/local-1p1d.yaml --dry-run": Way("pdlab up labs/local-1p1d.yaml --dry-run",
+                                                   expect="--kv-transfer-config", why=AS_WRITTEN),
     "pdlab down": Way("pdlab down", "session", why="tests/conftest.py live_1p1d stops the session's deployment "
                       "exactly so (its own state directory holds no other deployment) and checks nothing is left"),
     "pdlab run LAB --url URL --model NAME --tokenizer DIR": Way(
@@ -212,8 +215,6 @@ COMMANDS: dict[str, Way] = {
     # --- labs the notebooks point at: their workloads, quick, at the session deployment
     "pdlab run labs/kv-pressure.yaml": Way(_quick_run("labs/kv-pressure.yaml"), "deployment",
                                            expect="Run directory", why=QUICK_RUN_WHY),
-    "pdlab run labs/routing-strategies.yaml": Way(_quick_run("labs/routing-strategies.yaml"), "deployment",
-                                                  expect="Run directory", why=QUICK_RUN_WHY),
     # --- the router's overhead benchmark (docs/router.md), against its stand-ins, cut to a few requests
     "pdlab bench router": Way("pdlab bench router --requests 40 --rounds 1 --warmup 5 --out {OUT}/router",
                               why="40 requests per target and concurrency instead of 2,000, into a test folder",
