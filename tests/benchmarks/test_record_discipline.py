@@ -77,6 +77,8 @@ def test_phases_sim_speed_and_gpu_phases_write_under_runs(runs: Path) -> None:
     assert [row["tokens"] for row in json.loads(next((runs / "bench" / "phases").glob("*.json")).read_text())
             ["prefill"]] == [4]
     pdlab("bench", "sim-speed", "--requests", "50", "--repeats", "1")
+    pdlab("bench", "lmcache-copy", "--model", TEST_MODEL, "--tokens", "300", "--repeats", "1")
+    assert written(runs, "lmcache-copy")["cases"]["load, whole blocks"]["gb_per_s"] > 0
     assert written(runs, "sim-speed")["results"][0]["requests"] == 50
     done = subprocess.run([sys.executable, "-m", "pdlab.benchmarks.gpu_phases", "--model", "pdlab-small",
                            "--device", "cpu", "--quick", "--repeats", "1"], capture_output=True, text=True,

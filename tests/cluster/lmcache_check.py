@@ -1,8 +1,9 @@
 """Load LMCache config files the way LMCache's vLLM adapter does, and report what LMCache made of them.
 
-Runs inside the LMCache venv (.venv-lmcache; no pdlab there): `python lmcache_check.py FILE...` prints one JSON
-object per file: the keys LMCache recognised as set, their loaded values, the warnings it logged (unknown or
-deprecated keys are only warnings in LMCache, and dropped), and the error if loading or validation failed.
+Runs in a process of its own (`python lmcache_check.py FILE...`: no LMCACHE_* variables, nothing else imported)
+and prints one JSON object per file: the keys LMCache recognised as set, their loaded values, the warnings it
+logged (unknown or deprecated keys are only warnings in LMCache, and dropped), and the error if loading or
+validation failed.
 """
 
 import json

