@@ -116,7 +116,6 @@ COMMANDS: dict[str, Way] = {
     "make lab": Way("make lab", "server", ready="printed", timeout=180,
                     why="JupyterLab is started, asked for the page it prints (with its token), and stopped"),
     "make browser-deps": Way("make browser-deps", "make", why=AS_WRITTEN),
-    "make lmcache-venv": Way("make lmcache-venv", "make", why=AS_WRITTEN),
     # --- docs/labs.md: the quick start by hand
     "pdlab model make": Way("pdlab model make", why=AS_WRITTEN),
     "pdlab model make [NAME...]": Way("pdlab model make pdlab-tiny", why="NAME: the test model"),
