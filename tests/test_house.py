@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 SERVING_PATH = ("config", "model", "lmcache", "router", "netlab", "deploy", "load", "metrics", "report", "experiment")
 #: Room beside the path -> the highest room on the path it may import.
 BESIDE = {"sim": "router", "cluster": "router"}
-WINGS = ("benchmarks", "calibration", "course", "cli")
+WINGS = ("benchmarks", "calibration", "course", "workshop", "cli")
 #: Top-level modules, by room (a package is its own room).
 MODULE_ROOMS = {"pdlab": "config", "pdlab.settings": "config", "pdlab.environment": "config",
                 "pdlab.sse": "router", "pdlab.pdrequest": "router",

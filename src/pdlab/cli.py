@@ -14,6 +14,7 @@ from pdlab.model.cli import app as model_app
 from pdlab.netlab.cli import app as netlab_app
 from pdlab.router.cli import app as router_app
 from pdlab.sim.cli import app as sim_model_app
+from pdlab.workshop import cli as workshop_cli
 
 app = typer.Typer(help="pdlab: disaggregated prefill/decode serving, for real, on your laptop.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -33,6 +34,7 @@ app.command("up")(deploy_cli.up)
 app.command("status")(deploy_cli.status)
 app.command("down")(deploy_cli.down)
 app.command("restart")(deploy_cli.restart)
+app.command("preflight")(workshop_cli.preflight)
 
 
 def main() -> None:

@@ -1,0 +1,43 @@
+"""`pdlab preflight`: a thin wrapper over pdlab.workshop.preflight."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def preflight(
+    serve: bool = typer.Option(False, "--serve", help="Also start a real 1P1D deployment and send a request through "
+                                                       "prefill -> KV transfer -> decode (about a minute)."),
+    model: str = typer.Option("pdlab-small", help="The model --serve serves."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Check this seat before a workshop: platform, Python, cores, memory, disk, packages, models, ports, leftovers
+    (and with --serve, vLLM). Exits 1 and says what to do when a check fails."""
+    from pdlab.workshop import preflight as checks
+
+    with console.status("checking ...") as spinner:
+        report = checks.run(serve=serve, serve_model=model, progress=not as_json,
+                            on_check=lambda name: spinner.update(f"checking {name} ..."))
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        mark = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]",
+                "skip": "[dim]skipped[/dim]"}
+        table = Table("check", "", "found", "needed", title="pdlab pre-flight")
+        for check in report.checks:
+            table.add_row(check.name, mark[check.status], check.found, check.need)
+        console.print(table)
+        for check in report.checks:
+            if check.fix:
+                console.print(f"[bold]{check.name}[/bold]: {check.fix}")
+        console.print("[green]Ready for the course.[/green]" if report.passed else
+                      "[red]Not ready:[/red] fix the checks marked FAIL (docs/troubleshooting.md), then run again.")
+    if not report.passed:
+        raise typer.Exit(code=1)
+
