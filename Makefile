@@ -68,9 +68,12 @@ demo: model
 	$(BIN)/pdlab demo $(DEMO_ARGS)
 
 # The notebooks' sources are jupytext .py files; their .ipynb (git-ignored) are made or refreshed from them here,
-# and kept paired while you work (saving in JupyterLab writes both). Loopback only; the URL with its token is printed.
+# and kept paired while you work (saving in JupyterLab writes both). notebooks/student/ gets a student copy of each
+# (an empty cell under every exercise, answers kept apart; copies you worked in are kept). Loopback only; the URL
+# with its token is printed.
 lab: model
 	$(BIN)/jupytext --sync notebooks/[0-9][0-9]-*.py
+	$(BIN)/pdlab workshop student-copies
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 # A workshop seat's check before the course: platform, Python, cores, memory, disk, packages, models, ports, nothing

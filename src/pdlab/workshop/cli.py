@@ -1,4 +1,4 @@
-"""`pdlab preflight`: a thin wrapper over pdlab.workshop.preflight."""
+"""`pdlab preflight` and `pdlab workshop ...`: thin wrappers over pdlab.workshop."""
 
 from __future__ import annotations
 
@@ -40,4 +40,18 @@ def preflight(
                       "[red]Not ready:[/red] fix the checks marked FAIL (docs/troubleshooting.md), then run again.")
     if not report.passed:
         raise typer.Exit(code=1)
+
+
+app = typer.Typer(help="The workshop kit: student copies of the notebooks, answers kept apart.",
+                  no_args_is_help=True)
+
+
+@app.command("student-copies")
+def student_copies(force: bool = typer.Option(False, help="Write every copy again, over the work in it.")) -> None:
+    """Write notebooks/student/NN-topic.ipynb: each notebook with an empty cell under each exercise, no answers.
+    Copies that exist are your work and are kept."""
+    from pdlab.workshop import workbook
+
+    for path, what in workbook.write_student_copies(force=force).items():
+        console.print(f"{path}: {what}")
 
