@@ -78,7 +78,7 @@ lab: model
 
 # A workshop seat's check before the course: platform, Python, cores, memory, disk, packages, models, ports, nothing
 # left running, and a real 1P1D deployment serving one request through prefill -> KV transfer -> decode (about a
-# minute). Exits non-zero and says what to do when a check fails (docs/troubleshooting.md).
+# minute). Exits non-zero and says what to do when a check fails (docs/facilitator.md, docs/troubleshooting.md).
 preflight: model
 	$(BIN)/pdlab preflight --serve
 

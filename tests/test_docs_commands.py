@@ -220,9 +220,13 @@ COMMANDS: dict[str, Way] = {
                               timeout=300),
     # --- the workshop kit (docs/troubleshooting.md, docs/facilitator.md)
     "pdlab preflight": Way("pdlab preflight", expect="Ready for the course", why=AS_WRITTEN),
+    "pdlab preflight --json": Way("pdlab preflight --json", expect='"passed": true', why=AS_WRITTEN),
     "make preflight": Way("make -n preflight", "make", expect="preflight --serve",
                           why="a dry run: its recipe is `pdlab preflight --serve`, which tests/workshop/"
                               "test_preflight.py runs for real with the test model (a 1P1D deployment of its own)"),
+    "make model": Way("make -n model", "make", expect="model make",
+                      why="a dry run: its recipe is `pdlab model make` after set-up (run above as written); run "
+                          "for real it would set up the venv it is given, which may be another checkout's"),
     # --- the router by hand (docs/router.md); its upstreams need not be up for it to serve
     "pdlab router serve --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8101 --model pdlab-small "
     "--tokenizer ~/.cache/pdlab/models/pdlab-small --threshold 4096 --prefill-strategy roundrobin "
