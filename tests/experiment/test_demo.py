@@ -60,7 +60,9 @@ def test_the_readme_table_comes_from_the_record_and_is_checked_against_it(tmp_pa
     (tmp_path / "rec" / "summary.json").write_text(json.dumps(SUMMARY))
     readme = "intro\n<!-- headline: rec/summary.json -->\nstale\n<!-- /headline -->\nafter\n"
     fresh = render(readme, tmp_path)
-    assert fresh == f"intro\n<!-- headline: rec/summary.json -->\n{table}<!-- /headline -->\nafter\n"
+    words = "".join(f"- {line}\n" for line in verdict(SUMMARY))
+    assert fresh == (f"intro\n<!-- headline: rec/summary.json -->\n{table}\nThe verdict it printed:\n\n{words}"
+                     "<!-- /headline -->\nafter\n")
     with pytest.raises(ValueError, match="no <!-- headline"):
         render("no block here", tmp_path)
 

@@ -1,9 +1,13 @@
-"""README's head-of-line table, generated from a recorded run (never typed by hand).
+"""README's head-of-line table and the demo's verdict, generated from a recorded run (never typed by hand).
 
 README.md holds the table between two markers that name the record it comes from:
 
     <!-- headline: data/results/hol-blocking/<run>/summary.json -->
     | short requests | colocated | ... |
+
+    The verdict it printed:
+
+    - colocated: short requests' ITL p99 ...
     <!-- /headline -->
 
 `python -m pdlab.report.readme [RECORD]` rewrites that block from RECORD (default: the record the marker names);
@@ -18,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pdlab.report.verdict import PARTS
+from pdlab.report.verdict import PARTS, verdict
 
 #: The rows of README's table: (label, path into a scenario summary, unit).
 ROWS: list[tuple[str, tuple[str, ...], str]] = [
@@ -63,6 +67,12 @@ def headline_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def verdict_markdown(summary: dict) -> str:
+    """The verdict `pdlab demo` printed at the end of that run, as a list (the same sentences, from the same
+    summary)."""
+    return "".join(f"- {line}\n" for line in verdict(summary))
+
+
 def render(readme_text: str, root: Path, record: str | None = None) -> str:
     """`readme_text` with its headline block regenerated from `record` (a summary.json path relative to `root`;
     default: the one the marker names)."""
@@ -71,7 +81,8 @@ def render(readme_text: str, root: Path, record: str | None = None) -> str:
         raise ValueError("README has no <!-- headline: RECORD --> ... <!-- /headline --> block")
     source = record or match.group("record")
     summary = json.loads((root / source).read_text())
-    block = f"<!-- headline: {source} -->\n{headline_markdown(summary)}<!-- /headline -->"
+    block = (f"<!-- headline: {source} -->\n{headline_markdown(summary)}\nThe verdict it printed:\n\n"
+             f"{verdict_markdown(summary)}<!-- /headline -->")
     return readme_text[:match.start()] + block + readme_text[match.end():]
 
 
