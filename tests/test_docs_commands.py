@@ -71,7 +71,8 @@ class Way:
     """`cheap` (seconds, nothing running), `deployment` (the test session's running 1P1D deployment), `vllm` (starts
     vLLM instances of its own), `root` (network namespaces; skipped without root), `make`, `server` (a server that
     runs until stopped: started, checked, stopped), `kubectl` (calls the cluster's client: a stand-in here),
-    `session` (run by the test session's own fixture, see `why`), `same` (`argv` names the entry that runs it)."""
+    `session` (run by the test session's own fixture, see `why`), `same` (`argv` names the entry that runs it),
+    `test` (`argv` names another test that runs the command through the console script)."""
     why: str = ""
     """Why it runs this way, when it is not the documented text as written."""
     rc: int = 0
@@ -90,11 +91,11 @@ _CLUSTER_LAB = "labs/hyperpod-llama8b-1p1d.yaml"
 def _quick_run(lab: str) -> str:
     """A secondary lab's documented run, made cheap: its workload, shortened, at the session deployment's router
     instead of its own deployments (`pdlab run --url`; the demo lab runs for real, deploying its scenarios)."""
-    return (f"pdlab run {lab} --url {{ROUTER}} --model {{MODEL}} --tokenizer {{TOKENIZER}} --quick --duration 3 "
+    return (f"pdlab run {lab} --url {{ROUTER}} --model {{MODEL}} --tokenizer {{TOKENIZER}} --quick --duration 1 "
             "--out {OUT}/run")
 
 
-QUICK_RUN_WHY = ("the lab's workload, 3 s of it, sent to the session deployment's router with `--url` (its own "
+QUICK_RUN_WHY = ("the lab's workload, 1 s of it, sent to the session deployment's router with `--url` (its own "
                  "deployments are the local kinds every other test starts)")
 
 COMMANDS: dict[str, Way] = {
@@ -157,8 +158,10 @@ COMMANDS: dict[str, Way] = {
     "pdlab bench transfer [LAB] [--deployment NAME]": Way(
         "pdlab bench transfer --deployment {DEPLOYMENT} --prompt-tokens 512 --busy-tokens 512 --repeats 1 "
         "--conditions idle --out {OUT}/t.json", "deployment", why="the session's deployment, the idle condition once"),
-    "pdlab bench startup [LAB]": Way("pdlab bench startup {LAB} --out {OUT}/startup.json", "vllm",
-                                     why="LAB: the quick start's lab with the test model, started and stopped once"),
+    "pdlab bench startup [LAB]": Way(
+        "tests/benchmarks/test_record_discipline.py::test_startup_writes_under_runs", "test",
+        why="that test runs `pdlab bench startup LAB` through the console script with a one-instance lab of the "
+            "test model and checks where it writes (starting vLLM once more here would add ~40 s to make test)"),
     "pdlab bench phases [--model pdlab-small]": Way(
         "pdlab bench phases --model pdlab-tiny --lengths 64,256 --batches 1,4 --contexts 128 --repeats 1 "
         "--out-dir {OUT}", why="the test model, two points of each kind"),
@@ -489,6 +492,22 @@ def test_the_demo_as_a_learner_types_it(demo_run) -> None:
     assert (demo_run.dir / "report.html").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("command", _by_need("test"))
+def test_the_test_named_runs_the_command(command: str) -> None:
+    """An entry run by another test names it (path::function); that test exists and calls the console script with
+    the command's words."""
+    import ast
+
+    path, name = COMMANDS[command].argv.split("::")
+    tree = ast.parse((REPO / path).read_text())
+    function = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name), None)
+    assert function is not None, f"{COMMANDS[command].argv} does not exist"
+    words = [w for w in command.split()[1:] if not w.startswith("[")]
+    calls = [[arg.value for arg in node.args if isinstance(arg, ast.Constant)] for node in ast.walk(function)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "pdlab"]
+    assert any(call[:len(words)] == words for call in calls), f"{name} no longer runs `pdlab {' '.join(words)}`"
+
+
 def test_pdlab_demo_is_what_make_demo_runs() -> None:
     """`pdlab demo` in the docs is covered by the `make demo` run: make's recipe is exactly that command."""
     recipe = subprocess.run(make_argv("-n", "demo", "DEMO_ARGS=--quick"), cwd=REPO, capture_output=True, text=True)
@@ -523,7 +542,9 @@ def test_the_session_deployment_is_the_quick_start(live_1p1d) -> None:
     from tests import conftest
 
     source = inspect.getsource(conftest.live_1p1d)
-    assert 'run_pdlab("up"' in source and 'run_pdlab("down")' in source, "the fixture no longer runs up/down"
+    down = inspect.getsource(conftest.pdlab_down)
+    assert 'run_pdlab("up"' in source and "pdlab_down(None" in source and 'run_pdlab("down"' in down, \
+        "the fixture no longer runs `pdlab up` and `pdlab down`"
     assert "local-1p1d.yaml" in inspect.getsource(conftest.make_test_lab)
     assert live_1p1d.spec.name == "pytest-1p1d"
 

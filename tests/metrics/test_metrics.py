@@ -117,7 +117,8 @@ def test_scenario_summary_shape_and_values():
     assert summary["stalls"]["total_ms"] == pytest.approx(1000.0)
     assert summary["short_itl_during_long_prefill_ms"]["count"] == 2
     assert summary["requests"] == {"sent": 5, "completed": 4, "failed": 1, "scheduled": 6, "not_sent": 1,
-                                   "by_status": {"incomplete": 1, "ok": 4}, "late_ms_max": 0.0}
+                                   "by_status": {"incomplete": 1, "ok": 4}, "late_ms_max": 0.0,
+                                   "failures": {"incomplete 200: stream ended without [DONE]": 1}}
     assert summary["by_path"]["disaggregated"]["requests"] == 1
     assert summary["by_path"]["direct"]["ttft_ms"]["count"] == 3  # A, C, E
 
