@@ -3,6 +3,7 @@ directories per run, and an interrupted run marked incomplete with exact request
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -181,3 +182,19 @@ def test_pdlab_run_sends_a_labs_workload_to_a_running_endpoint(tmp_path):
     missing = CliRunner().invoke(app, ["run", str(lab), "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "x")])
     assert missing.exit_code == 1 and "--model and --tokenizer" in missing.output
     assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+def test_a_record_is_named_when_its_run_started_and_never_overwrites(tmp_path: Path, monkeypatch) -> None:
+    """`--record` files a run under data/results/<lab>/<timestamp>/ whatever `--out` named the run directory."""
+    from pdlab.experiment import lab as lab_module
+
+    run_dir = tmp_path / "my-run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"lab": "hol-blocking", "started": "2026-12-05T10:12:35+00:00"}))
+    (run_dir / "environment.json").write_text("{}")
+    monkeypatch.setattr(lab_module, "data_dir", lambda: tmp_path / "data")
+    first, second = lab_module.record_run(run_dir), lab_module.record_run(run_dir)
+    stamp = dt.datetime.fromisoformat("2026-12-05T10:12:35+00:00").astimezone().strftime("%Y%m%d-%H%M%S")
+    assert first == tmp_path / "data" / "results" / "hol-blocking" / stamp
+    assert second == first.with_name(f"{stamp}-2")
+    assert sorted(p.name for p in first.iterdir()) == ["environment.json", "summary.json"]

@@ -327,3 +327,15 @@ def test_set_rate_reshapes_the_running_link():
 def test_set_rate_needs_a_running_netlab():
     with pytest.raises(RuntimeError, match="not up"):
         NetLab(NODES, LinkSpec(mbps=200)).set_rate(10)
+
+
+def test_every_preset_is_a_catalog_link_at_a_nodes_bandwidth():
+    """One home per link speed: the presets read data/catalog/links.yaml (EFA's per-GPU share times a p5 node's 8)."""
+    from typing import get_args
+
+    from pdlab.config import LinkPreset
+    from pdlab.netlab import PRESET_LINKS, real_link
+
+    assert set(PRESET_LINKS) == set(get_args(LinkPreset))
+    assert {p: real_link(p).gbps for p in PRESET_LINKS} == {"efa-p5": 3200, "100gbe": 100, "10gbe": 10, "1gbe": 1}
+    assert "8 x 400 Gbit/s" in real_link("efa-p5").description

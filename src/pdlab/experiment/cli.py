@@ -147,7 +147,7 @@ def demo(
     record: bool = typer.Option(False, help="Also copy summary and environment to data/results/hol-blocking/<run>/."),
 ) -> None:
     """The lab's headline: short requests freeze behind long prompts when colocated, and flow when prefill and
-    decode are disaggregated. Runs labs/hol-blocking.yaml (about 8 minutes on 2 cores)."""
+    decode are disaggregated. Runs labs/hol-blocking.yaml (about 11 minutes on 2 cores)."""
     from pdlab.deploy import DeployError
     from pdlab.experiment.lab import LabError, run_lab
 

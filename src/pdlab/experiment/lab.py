@@ -6,6 +6,8 @@ and write one run directory (see pdlab.experiment.runner) with a summary and a r
 
 from __future__ import annotations
 
+import datetime as dt
+
 import itertools
 import os
 import shutil
@@ -243,11 +245,12 @@ RECORDED_FILES = (rundir.SUMMARY, rundir.ENVIRONMENT, rundir.WORKLOAD, rundir.SW
 
 
 def record_run(run_dir: Path) -> Path:
-    """Copy a run's summary, environment and workload to data/results/<lab>/<run>/, for readers without the time
-    or the hardware to run it (raw rows and the report stay in runs/). Never overwrites a recorded run."""
+    """Copy a run's summary, environment and workload to data/results/<lab>/<timestamp>/ (when the run started,
+    wherever it ran: `--out DIR` names the run, not the record), for readers without the time or the hardware to
+    run it (raw rows and the report stay in runs/). Never overwrites a recorded run."""
     summary = rundir.read_summary(run_dir)
-    target = data_dir() / "results" / summary["lab"] / run_dir.name
-    target.mkdir(parents=True, exist_ok=False)
+    started = dt.datetime.fromisoformat(summary["started"]).astimezone() if summary.get("started") else None
+    target = rundir.new_run_dir(summary["lab"], data_dir() / "results", when=started)
     for name in RECORDED_FILES:
         if (run_dir / name).exists():
             shutil.copyfile(run_dir / name, target / name)

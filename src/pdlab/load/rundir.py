@@ -37,10 +37,11 @@ SCHEDULE, ROWS, KV = "schedule.jsonl", "rows.csv", "kv.json"
 DEPLOYMENT = Path("deployment") / "deployment.json"
 
 
-def new_run_dir(lab: str, runs_root: str | Path | None = None) -> Path:
-    """A fresh `runs/<lab>/<timestamp>[-n]/` (created here, so two runs never share one)."""
+def new_run_dir(lab: str, runs_root: str | Path | None = None, when: dt.datetime | None = None) -> Path:
+    """A fresh `runs/<lab>/<timestamp>[-n]/` (created here, so two runs never share one); `when` names it after
+    that moment instead of now."""
     base = Path(runs_root) if runs_root is not None else runs_dir()
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = (when or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     (base / lab).mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         candidate = base / lab / (stamp if n == 1 else f"{stamp}-{n}")

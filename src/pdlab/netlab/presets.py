@@ -19,16 +19,30 @@ class RealLink:
     gbps: float
 
 
-#: The links a lab can pick. EFA: p5.48xlarge has 32 x 100 Gbit/s EFA adapters per node.
-REAL_LINKS: dict[str, RealLink] = {
-    link.name: link
-    for link in (
-        RealLink("efa-p5", "AWS EFA on p5.48xlarge (32 x 100 Gbit/s)", 3200.0),
-        RealLink("100gbe", "100 Gigabit Ethernet", 100.0),
-        RealLink("10gbe", "10 Gigabit Ethernet", 10.0),
-        RealLink("1gbe", "1 Gigabit Ethernet", 1.0),
-    )
+#: Each preset a lab can pick is a link of data/catalog/links.yaml (the one home of its bandwidth and source), at a
+#: node's whole bandwidth: a link that is each GPU's own (EFA's share per GPU) counts once per GPU of the node, the
+#: GPUs of the accelerator named here (hardware.yaml's `gpus_per_node`); a shared NIC counts once.
+PRESET_LINKS: dict[str, tuple[str, str, str | None]] = {
+    "efa-p5": ("efa-p5", "AWS EFA on p5.48xlarge", "H100-SXM5-80GB"),
+    "100gbe": ("tcp-100gbe", "100 Gigabit Ethernet", None),
+    "10gbe": ("tcp-10gbe", "10 Gigabit Ethernet", None),
+    "1gbe": ("tcp-1gbe", "1 Gigabit Ethernet", None),
 }
+
+
+@cache
+def real_link(preset: str) -> RealLink:
+    """The real link behind a preset, its per-node bandwidth from the catalog."""
+    from pdlab.model.catalog import load_catalog
+
+    catalog = load_catalog()
+    name, description, accelerator = PRESET_LINKS[preset]
+    link = catalog.links[name]
+    gpus = catalog.hardware[accelerator].gpus_per_node if accelerator and link.per_gpu else 1
+    gbps = link.bandwidth_gbps * gpus
+    return RealLink(preset, f"{description} ({gpus} x {link.bandwidth_gbps:g} Gbit/s)" if gpus > 1 else description,
+                    gbps)
+
 
 #: The model real links are sized for: Llama-3.1-70B in bf16 (its shape from data/catalog/models.yaml).
 REFERENCE_MODEL = "Llama-3.1-70B"
@@ -74,7 +88,7 @@ class ShapedRate:
 def scaled_mbps(preset: LinkPreset, kv_bytes: int) -> ShapedRate:
     """A real link's bandwidth times (local KV bytes per token / reference KV bytes per token), capped at what a
     veth carries: the time to move one token's KV then equals the real link's for the reference model."""
-    real = REAL_LINKS[preset]
+    real = real_link(preset)
     scale = kv_bytes / reference_kv_bytes_per_token()
     mbps = real.gbps * 1000.0 * scale
     return ShapedRate(min(mbps, VETH_CAP_MBPS), preset, real.gbps, scale, capped=mbps > VETH_CAP_MBPS)

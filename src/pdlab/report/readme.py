@@ -87,14 +87,21 @@ def render(readme_text: str, root: Path, record: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
     from pdlab.settings import repo_root
 
+    parser = argparse.ArgumentParser(prog="python -m pdlab.report.readme",
+                                     description="Regenerate README's demo table and verdict from a recorded run.")
+    parser.add_argument("record", nargs="?", help="a recorded run (its folder or summary.json) under "
+                        "data/results/hol-blocking/; default: the record README names")
+    args = parser.parse_args(argv)
     root = repo_root()
     if root is None:
         print("run from a pdlab source checkout", file=sys.stderr)
         return 2
     readme = root / "README.md"
-    record = argv[0] if argv else None
+    record = args.record
     if record is not None and Path(record).is_dir():
         record = str(Path(record) / "summary.json")
     if record is not None:
