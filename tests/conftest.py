@@ -188,5 +188,8 @@ RESTARTS_SHARED_DEPLOYMENT = ("test_killing_an_api_server_leaves_no_engine_and_r
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # stable: within each group, tests keep their order
-    items.sort(key=lambda item: 0 if item.name in QUIET_FIRST else 3 if item.name in RESTARTS_SHARED_DEPLOYMENT
-               else 2 if uses_shared_deployment(item) else 1)
+    # Among the tests that use a shared deployment, those that use the replicas come first: the replicas (no NIXL)
+    # then start before the 1P1D one is up, so their start-up does not share the cores with its idle polling.
+    items.sort(key=lambda item: 0 if item.name in QUIET_FIRST else 4 if item.name in RESTARTS_SHARED_DEPLOYMENT
+               else 2 if "notebook_replicas" in getattr(item, "fixturenames", ())
+               else 3 if uses_shared_deployment(item) else 1)

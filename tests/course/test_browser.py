@@ -99,7 +99,7 @@ def write_lab_settings(settings_dir: Path) -> None:
 
 
 @pytest.fixture
-def lab(tmp_path: Path, notebook_1p1d: str, notebook_replicas: str) -> Iterator[Lab]:
+def lab(tmp_path: Path, notebook_replicas: str, notebook_1p1d: str) -> Iterator[Lab]:  # replicas first: conftest
     """JupyterLab on a free loopback port with a token, serving a fresh folder with notebooks 04 and 07, its
     kernels attached to the shared deployments; stopped (with its kernels) after."""
     root = tmp_path / "lab"
