@@ -139,10 +139,8 @@ pd.DataFrame({"prefill (sender)": [sender.get(k, "") for k in keys],
 # them, and a config that still uses them runs without P/D after a warning.
 
 # %%
-from pdlab.cluster.plan import kv_transfer_config
-
-for role in plan.roles:
-    print(f"{role.role}: --kv-transfer-config {kv_transfer_config(role.role)}")
+for role in plan.roles:  # computed by pdlab.lmcache.settings, as for the local LMCache lab
+    print(f"{role.role}: --kv-transfer-config {role.kv_transfer_config}")
     print(f"    environment: {role.env}")
 
 # %% [markdown]

@@ -124,6 +124,16 @@ COMMANDS: dict[str, Way] = {
         "pdlab up {LAB}", "session", why="the test session's shared deployment is started exactly so, with the test "
         "model and ports of its own, by tests/conftest.py live_1p1d (which every `deployment` command here uses)"),
     "pdlab status": Way("pdlab status", "deployment", expect="pytest-1p1d", why=AS_WRITTEN),
+    # --- docs/lmcache.md: LMCache's P/D behind the router
+    "pdlab up labs/local-1p1d-lmcache.yaml --dry-run": Way("pdlab up labs/local-1p1d-lmcache.yaml --dry-run",
+                                                           expect="LMCacheConnectorV1", why=AS_WRITTEN),
+    "pdlab up labs/local-1p1d-lmcache.yaml": Way(
+        "pdlab up {LAB}", "session", why="tests/lmcache/test_lmcache_pd.py starts this lab exactly so, with the test "
+        "model and ports of its own, sends it requests through the router, and stops it with `pdlab down NAME` "
+        "(starting LMCache's two instances once more here would add ~40 s to make test)"),
+    "pdlab down local-1p1d-lmcache": Way(
+        "pdlab down NAME", "session", why="tests/lmcache/test_lmcache_pd.py stops its LMCache deployment exactly so "
+        "(under its own name) and checks nothing of it is left"),
     # --- the course (notebook 00, docs/course.md): what `pdlab up` would run, started nothing
     "pdlab up labs/local-1p1d.yaml --dry-run": Way("pdlab up labs/local-1p1d.yaml --dry-run",
                                                    expect="--kv-transfer-config", why=AS_WRITTEN),

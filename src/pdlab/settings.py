@@ -111,4 +111,7 @@ PREFILL_MS_HEADER = "x-pdlab-prefill-ms"
 """P/D path: milliseconds from the router receiving the request to the prefill instance's answer (its queueing and
 prefill); the rest of the TTFT is the KV transfer, the decode instance's queue and its first step."""
 DECODE_REPLICA_HEADER = "x-pdlab-decode"
+KV_WAIT_MS_HEADER = "x-pdlab-kv-wait-ms"
+"""P/D path, where the KV protocol reports transfers (LMCache's push reports): milliseconds the router waited, after
+the prefill instance's answer, until the KV had landed on the decode instance (0: it had already)."""
 REQUEST_ID_HEADER = "x-request-id"

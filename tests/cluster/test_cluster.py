@@ -202,7 +202,7 @@ _DELETE = object()
         ("deployment.router.kv_protocol", "nixl", "deployment.router.kv_protocol"),
         ("cluster.instance_type", "ml.g5.xlarge", "cluster.instance_type"),
         ("cluster.endpoint_name", "Llama_8B", "cluster.endpoint_name"),
-        ("cluster.lmcache.peer_alloc_port", 7301, "cluster.lmcache.peer_alloc_port"),
+        ("deployment.connector.lmcache.peer_alloc_port", 7301, "deployment.connector.lmcache.peer_alloc_port"),
         ("cluster.model_source.kind", "s3", "cluster.model_source.s3_bucket"),
         ("cluster.prefil", {"replicas": 1}, "cluster.prefil"),
         ("deployment.connector.kind", "nixl", "deployment.connector.kind"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pdlab.config import ConfigError, DeploymentSpec, LabSpec, LMCacheReceiverPorts, load_lab, validate
-from pdlab.config.cluster import LMCacheSpec
+from pdlab.config.deployment import LMCacheSpec
 
 LABS = Path(__file__).resolve().parents[2] / "labs"
 

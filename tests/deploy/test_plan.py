@@ -91,11 +91,6 @@ def test_a_cache_in_blocks_overrides_vllms_and_must_hold_one_context():
             validate(DeploymentSpec, spec(too_long))
 
 
-def test_lmcache_is_refused_locally_with_a_pointer():
-    with pytest.raises(PlanError, match="cluster"):
-        plan_deployment(spec(connector={"kind": "lmcache"}), "/m", base_env={}, cores=[0, 1])
-
-
 def test_port_probe_sees_a_bound_port():
     import socket
 

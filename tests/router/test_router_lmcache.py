@@ -117,13 +117,16 @@ def test_long_prompts_push_kv_to_the_decode_replica_that_decodes_them(pd):
         # Prefill got one token, no stream, and a disagg_spec naming the replica that then decoded.
         [prefilled] = by_request_id(at(HOST_A, PREFILL), request_id)
         assert prefilled["max_tokens"] == 1 and prefilled["stream"] is False and prefilled["kv"] == "sent"
+        # The push is labelled with the request id and a suffix that keeps it unique if a client repeats its id.
+        push_id = prefilled["kv_transfer_params"]["disagg_spec"]["req_id"]
+        assert push_id.startswith(request_id + ".")
         assert prefilled["kv_transfer_params"] == {"disagg_spec": {
-            "req_id": request_id, "receiver_host": urlsplit(decode).hostname,
+            "req_id": push_id, "receiver_host": urlsplit(decode).hostname,
             "receiver_init_port": INIT_PORTS, "receiver_alloc_port": ALLOC_PORTS}}
 
         # The KV arrived there, rank i on the i-th init and alloc port, before the decode request did; the decode
         # request is the client's own, with no kv_transfer_params.
-        pushes = [p for p in records(decode)["pushes"] if p["req_id"] == request_id]
+        pushes = [p for p in records(decode)["pushes"] if p["req_id"] == push_id]
         assert sorted((p["rank"], p["channel"], p["port"]) for p in pushes) == [
             (0, "alloc", ALLOC_PORTS[0]), (0, "init", INIT_PORTS[0]),
             (1, "alloc", ALLOC_PORTS[1]), (1, "init", INIT_PORTS[1])]
@@ -134,7 +137,7 @@ def test_long_prompts_push_kv_to_the_decode_replica_that_decodes_them(pd):
         # The other replica saw neither the KV nor the request.
         other = next(d for d in decodes if d != decode)
         assert by_request_id(other, request_id) == []
-        assert not [p for p in records(other)["pushes"] if p["req_id"] == request_id]
+        assert not [p for p in records(other)["pushes"] if p["req_id"] == push_id]
     assert used == [at(HOST_A, DECODE_A), at(HOST_B, DECODE_B)] * 2  # roundrobin, one choice per request
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pdlab.config import ConfigError, DeploymentSpec, EngineOptions, LabSpec, load_lab
 from pdlab.config.cluster import ClusterSpec, PoolSpec
 from pdlab.config.router import LMCacheReceiverPorts, RouterUpstreams, Strategy
+from pdlab.lmcache import settings as lmcache_settings
 from pdlab.router.process import router_command
 
 #: The router's command in a cluster image (pdlab installed).
@@ -34,14 +35,14 @@ LMCACHE_CONFIG_DIR = "/etc/lmcache"
 #: Where HyperPod's operator puts the model (its modelVolumeMount default).
 HYPERPOD_MODEL_DIR = "/opt/ml/model"
 
-#: Environment EFA needs on every vLLM replica. libfabric's EFA provider carries NIXL's LIBFABRIC backend;
-#: PYTHONHASHSEED=0 makes prefix hashes (LMCache chunk keys, vLLM block hashes) equal across processes.
+#: Environment EFA needs on every vLLM replica: libfabric's EFA provider carries NIXL's LIBFABRIC backend.
 EFA_ENV: dict[str, str] = {
     "FI_PROVIDER": "efa",
     "FI_EFA_USE_DEVICE_RDMA": "1",
     "FI_EFA_FORK_SAFE": "1",
 }
-COMMON_ENV: dict[str, str] = {"PYTHONHASHSEED": "0"}
+#: What LMCache needs in every process (PYTHONHASHSEED: equal prefix hashes across processes), as locally.
+COMMON_ENV: dict[str, str] = dict(lmcache_settings.LMCACHE_ENV)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class ClusterPlan:
     @property
     def receiver_ports(self) -> LMCacheReceiverPorts:
         """Where every decode replica's LMCache receiver listens (its config's pd_peer_* lists)."""
-        return self.cluster.lmcache.receiver_ports(self.decode.pool.tp)
+        return self.deployment.connector.lmcache.receiver_ports(self.decode.pool.tp)
 
     def router_argv(self, prefill_urls: list[str], decode_urls: list[str], tokenizer_dir: str) -> list[str]:
         """`pdlab router serve` for the cluster: every replica's URL (the router's strategies choose among them),
@@ -169,46 +170,6 @@ def engine_flags(engine: EngineOptions) -> list[str]:
     if engine.enforce_eager:
         flags.append("--enforce-eager")
     return flags + list(engine.extra_args)
-
-
-def lmcache_config(role: PoolRole, cluster: ClusterSpec, backends: list[str]) -> dict[str, Any]:
-    """LMCache's P/D config for one role, in LMCache 0.5's key names (enable_pd, pd_role, transfer_channel)."""
-    lm = cluster.lmcache
-    config: dict[str, Any] = {
-        "chunk_size": lm.chunk_size,
-        # P/D moves KV straight from GPU to GPU; CPU offload is HyperPod's kvCacheSpec, not this buffer.
-        "local_cpu": False,
-        "max_local_cpu_size": 0,
-        "enable_pd": True,
-        "pd_role": "sender" if role == "prefill" else "receiver",
-        "pd_buffer_size": lm.sender_buffer_bytes if role == "prefill" else lm.receiver_buffer_bytes,
-        "pd_buffer_device": "cuda",
-        "transfer_channel": "nixl",
-        "nixl_backends": list(backends),
-        # P/D must ship the prompt's last partial chunk too (LMCache forces this on, with a warning).
-        "save_unfull_chunk": True,
-    }
-    if role == "prefill":
-        # The pdlab router sends decode's address in each request's disagg_spec and waits for the prefill
-        # response itself, so no ZMQ proxy notification is needed.
-        config["pd_skip_proxy_notification"] = True
-    else:
-        ports = lm.receiver_ports(cluster.decode.tp)  # the router names the same lists in every disagg_spec
-        config["pd_peer_host"] = "0.0.0.0"  # the receiver listens on every pod address
-        config["pd_peer_init_port"] = ports.init_ports
-        config["pd_peer_alloc_port"] = ports.alloc_ports
-    return config
-
-
-def kv_transfer_config(role: PoolRole) -> dict[str, Any]:
-    """vLLM's --kv-transfer-config for LMCacheConnectorV1 (prefill produces KV, decode consumes it)."""
-    return {
-        "kv_connector": "LMCacheConnectorV1",
-        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-        "kv_buffer_device": "cuda",
-        # P/D must ship the prompt's last partial chunk too, or decode recomputes it.
-        "kv_connector_extra_config": {"discard_partial_chunks": False},
-    }
 
 
 def check(lab: LabSpec, source: str = "spec") -> tuple[DeploymentSpec, ClusterSpec]:
@@ -267,8 +228,14 @@ def plan(lab: LabSpec, source: str = "spec") -> ClusterPlan:
             name=f"{cluster.endpoint_name}-{role}",
             pool=getattr(cluster, role),
             engine=dep.by_role(role)[0].engine,
-            kv_transfer_config=kv_transfer_config(role),
-            lmcache=lmcache_config(role, cluster, list(dep.connector.nixl_backends)),
+            kv_transfer_config=lmcache_settings.kv_transfer_config(role, buffer_device="cuda"),
+            # The receiver listens on every pod address; the router decides per request where each push goes and
+            # waits for the prefill's answer, not for LMCache's push report (router replicas share one Service
+            # address, so a report could reach another replica than the one waiting).
+            lmcache=lmcache_settings.lmcache_config(role, dep.connector.lmcache, buffer_device="cuda",
+                                                    backends=list(dep.connector.nixl_backends),
+                                                    tp=getattr(cluster, role).tp, peer_host="0.0.0.0",
+                                                    max_prefill_tokens=dep.model.max_model_len),
             env=env,
             port=cluster.port,
         )

@@ -2,8 +2,9 @@
 
 A cluster lab spec keeps its `deployment` (model, connector, router: the same types as the local tier) and adds a
 `cluster:` section with what only a GPU cluster has: instance types, pools of replicas, GPUs, EFA interfaces,
-images, LMCache's transfer buffers and ports, and where the model weights come from. The deployment's single
-`prefill` and `decode` instances are the pool templates: their engine options apply to every replica of the pool.
+images, and where the model weights come from (LMCache's settings are the deployment's `connector.lmcache`, the
+same on both tiers). The deployment's single `prefill` and `decode` instances are the pool templates: their engine
+options apply to every replica of the pool.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pdlab.config.base import Spec
-from pdlab.config.router import LMCacheReceiverPorts
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 """A Kubernetes object name (RFC 1123 label): lowercase letters, digits and dashes, at most 63 characters."""
@@ -74,37 +74,6 @@ class PoolSpec(Spec):
     @property
     def tp(self) -> int:
         return self.tensor_parallel_size or self.gpus
-
-
-class LMCacheSpec(Spec):
-    """LMCache's P/D transfer settings (the same on every replica of a role)."""
-
-    chunk_size: int = Field(default=256, ge=1)
-    """Tokens per LMCache chunk."""
-    sender_buffer_bytes: int = Field(default=1 << 30, ge=1 << 20)
-    """`pd_buffer_size` on prefill replicas: GPU staging buffer for outgoing KV, bytes."""
-    receiver_buffer_bytes: int = Field(default=2 << 30, ge=1 << 20)
-    """`pd_buffer_size` on decode replicas: GPU buffer incoming KV lands in, bytes (holds the KV of the prompts
-    being decoded, so larger than the sender's)."""
-    peer_init_port: int = Field(default=7300, ge=1024, le=65535)
-    """Port a decode replica listens on for senders' connection set-up (`pd_peer_init_port`); one per GPU rank,
-    counting up from here."""
-    peer_alloc_port: int = Field(default=7400, ge=1024, le=65535)
-    """Port a decode replica listens on for buffer allocation requests (`pd_peer_alloc_port`), one per rank."""
-
-    def receiver_ports(self, ranks: int) -> LMCacheReceiverPorts:
-        """The per-rank ports of a decode replica with `ranks` GPU ranks: what its LMCache config lists and what
-        the router names in each prefill request's disagg_spec (one computation, so the two cannot differ)."""
-        return LMCacheReceiverPorts(init_ports=[self.peer_init_port + rank for rank in range(ranks)],
-                                    alloc_ports=[self.peer_alloc_port + rank for rank in range(ranks)])
-
-    @model_validator(mode="after")
-    def _ports_apart(self) -> LMCacheSpec:
-        # Each base port counts up one per GPU rank; 100 apart leaves room for any 8-GPU replica.
-        if abs(self.peer_init_port - self.peer_alloc_port) < 100:
-            raise ValueError(f"peer_alloc_port: must be at least 100 from peer_init_port ({self.peer_init_port}), "
-                             "since both count up one per GPU rank")
-        return self
 
 
 class ModelSource(Spec):
@@ -176,8 +145,6 @@ class ClusterSpec(Spec):
     """pdlab router pods."""
     images: Images = Field(default_factory=Images)
     """Container images."""
-    lmcache: LMCacheSpec = Field(default_factory=LMCacheSpec)
-    """LMCache's P/D transfer settings."""
     model_source: ModelSource = Field(default_factory=ModelSource)
     """Where the weights come from."""
     topology: Topology = Field(default_factory=Topology)

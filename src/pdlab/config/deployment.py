@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pdlab.config.base import Spec
-from pdlab.config.router import KVProtocol, RouterSpec
+from pdlab.config.router import KVProtocol, LMCacheReceiverPorts, RouterSpec
 from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL, VLLM_CPU_BLOCK_SIZE
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -87,12 +87,59 @@ class InstanceSpec(Spec):
         return cores
 
 
+class LMCacheSpec(Spec):
+    """LMCache's settings (connector kind `lmcache`), the same on the laptop and on a cluster: pdlab.lmcache.settings
+    turns them into each instance's LMCache config on every tier."""
+
+    chunk_size: int = Field(default=256, ge=1)
+    """Tokens per LMCache chunk: the unit LMCache stores, pushes and finds by hash."""
+    sender_buffer_bytes: int = Field(default=1 << 30, ge=1 << 20)
+    """`pd_buffer_size` on prefill instances: the staging buffer for outgoing KV, bytes. It must hold the KV of
+    the longest prompt (LMCache refuses to start otherwise)."""
+    receiver_buffer_bytes: int = Field(default=2 << 30, ge=1 << 20)
+    """`pd_buffer_size` on decode instances: the buffer pushed KV lands in until decode loads it, bytes (holds
+    the KV of every prompt pushed and not yet decoded, so larger than the sender's)."""
+    peer_init_port: int = Field(default=7300, ge=1024, le=65535)
+    """Port a decode instance listens on for senders' connection set-up (`pd_peer_init_port`); one per GPU rank,
+    counting up from here. Every decode replica uses the same ports on its own address."""
+    peer_alloc_port: int = Field(default=7400, ge=1024, le=65535)
+    """Port a decode instance listens on for buffer allocation requests (`pd_peer_alloc_port`), one per rank."""
+    local_cpu_gib: float = Field(default=1.0, gt=0, le=1024)
+    """LMCache's CPU tier on `colocated` instances (offload), GiB: KV of earlier prompts kept there and loaded
+    back when a prompt starts with the same tokens."""
+    notify_port: int = Field(default=7500, ge=1024, le=65535)
+    """Local tier: the router's port for LMCache's push notifications (each prefill instance reports there when
+    a prompt's KV has landed on its decode instance; the router sends the decode request only then)."""
+    push_timeout_s: float = Field(default=30.0, gt=0)
+    """Local tier: seconds the router waits for that notification before failing the request with an error
+    (a push that never lands, e.g. because the prefill instance died, must not hang the request)."""
+    api_port: int | None = Field(default=7100, ge=1024, le=65000)
+    """Local tier: first port of LMCache's own HTTP server in each instance, where pdlab reads LMCache's figures
+    (chunks stored, pushed, loaded): instance i uses this + 2i and the next port. None: no server, no figures."""
+
+    def receiver_ports(self, ranks: int) -> LMCacheReceiverPorts:
+        """The per-rank ports of a decode instance with `ranks` GPU ranks: what its LMCache config lists and what
+        the router names in each prefill request's disagg_spec (one computation, so the two cannot differ). Every
+        decode replica uses the same ports on its own address (locally there is one decode instance: LMCache's
+        receiver takes its allocation port on every address of its machine)."""
+        return LMCacheReceiverPorts(init_ports=[self.peer_init_port + rank for rank in range(ranks)],
+                                    alloc_ports=[self.peer_alloc_port + rank for rank in range(ranks)])
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> LMCacheSpec:
+        # Each base port counts up one per GPU rank; 100 apart leaves room for any 8-GPU replica.
+        if abs(self.peer_init_port - self.peer_alloc_port) < 100:
+            raise ValueError(f"peer_alloc_port: must be at least 100 from peer_init_port ({self.peer_init_port}), "
+                             "since both count up one per GPU rank")
+        return self
+
+
 class ConnectorSpec(Spec):
     """How KV caches move from prefill to decode instances."""
 
     kind: Literal["nixl", "lmcache", "none"] = "nixl"
-    """`nixl`: vLLM's NixlConnector (the local tier). `lmcache`: LMCacheConnectorV1 over NIXL (cluster tier only;
-    LMCache's vLLM path needs CUDA). `none`: no transfer (colocated deployments)."""
+    """`nixl`: vLLM's NixlConnector (decode pulls the KV). `lmcache`: LMCacheConnectorV1 (prefill pushes the KV over
+    NIXL; on `colocated` instances, LMCache's CPU tier instead). `none`: no transfer (colocated deployments)."""
     nixl_backends: list[Literal["UCX", "LIBFABRIC"]] = ["UCX"]
     """NIXL transport backends: UCX locally (TCP/shared memory), LIBFABRIC for AWS EFA."""
     ucx_tls: str = "tcp,self,sm"
@@ -106,6 +153,8 @@ class ConnectorSpec(Spec):
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
     """What a decode instance does when pulling a KV cache fails (e.g. the prefill instance died mid-transfer):
     `fail` ends the request with an error (a broken transfer is never hidden), `recompute` prefills it locally."""
+    lmcache: LMCacheSpec = Field(default_factory=LMCacheSpec)
+    """LMCache's settings, for kind `lmcache`."""
 
 
 class NodeSpec(Spec):
@@ -178,6 +227,8 @@ class DeploymentSpec(Spec):
         if (self.router is not None and self.kv_protocol == "lmcache" and self.router.serve_from_prefill):
             raise ValueError("router.serve_from_prefill: never with connector.kind `lmcache` (an LMCache sender's "
                              "engine dies on a request without a disagg_spec)")
+        if self.connector.kind == "lmcache" and self.disaggregated:
+            self._check_lmcache_pd()
         node_names = {node.name for node in self.nodes}
         for i, inst in enumerate(self.instances):
             if inst.node is not None and inst.node not in node_names:
@@ -190,6 +241,14 @@ class DeploymentSpec(Spec):
                                  f"{self.model.max_model_len}), as vLLM will not start with a cache shorter than one "
                                  "context")
         return self
+
+    def _check_lmcache_pd(self) -> None:
+        if self.router is None:
+            raise ValueError("router: LMCache's P/D needs the pdlab router: it names each prompt's decode instance "
+                             "in the prefill request (disagg_spec) and sends the decode request once the KV has landed")
+        if self.by_role("colocated"):
+            raise ValueError("instances: `colocated` instances have no place beside LMCache's prefill and decode "
+                             "instances (the router would name them as receivers of pushes they cannot take)")
 
     @property
     def disaggregated(self) -> bool:

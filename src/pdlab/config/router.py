@@ -158,6 +158,15 @@ class RouterUpstreams(Spec):
     receiver host is the host of its URL)."""
     lmcache_alloc_ports: PortList = []
     """`lmcache` only: the decode replicas' `pd_peer_alloc_port` list, rank 0 first."""
+    lmcache_notify_host: str = DEFAULT_HOST
+    """`lmcache` only: the address the router hears push reports on (the prefill instances' `pd_proxy_host`)."""
+    lmcache_notify_port: int | None = Field(default=None, ge=1, le=65535)
+    """`lmcache` only: the port, on the router's address, where prefill instances report each finished push (their
+    LMCache `pd_proxy_port`); the decode request then waits for that report. None: it does not wait (a cluster,
+    where router replicas share one address and a report could reach another replica than the one waiting)."""
+    lmcache_push_timeout_s: float = Field(default=30.0, gt=0)
+    """`lmcache` only: seconds a request waits for its push report before it fails with an error (a push that
+    never lands, e.g. the prefill instance died, must not hang the request)."""
 
     @field_validator("lmcache_alloc_ports")
     @classmethod

@@ -87,6 +87,12 @@ def _print_dry_run(dep) -> None:  # type: ignore[no-untyped-def]
         for row in explain(plan):
             table.add_row(row["kind"], row["name"], row["value"], row["meaning"])
         console.print(table)
+        if plan.lmcache is not None:
+            import yaml
+
+            console.print("LMCache settings ($LMCACHE_CONFIG_FILE, computed by pdlab.lmcache.settings as for a "
+                          "cluster):", highlight=False)
+            console.print(yaml.safe_dump(plan.lmcache, sort_keys=False), markup=False, highlight=False)
     if planned.router is not None:
         console.rule("router")
         console.print(shlex.join(planned.router), markup=False, highlight=False, soft_wrap=True)

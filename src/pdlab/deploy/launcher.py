@@ -20,22 +20,26 @@ from types import TracebackType
 
 import httpx
 import psutil
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
-from pdlab.config.router import RouterUpstreams
+from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy import state
 from pdlab.deploy.guard import GROUPS_FILE
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
-from pdlab.pdrequest import decode_body, prefill_body
+from pdlab.lmcache import figures
+from pdlab.lmcache.push import PushListener
+from pdlab.pdrequest import decode_body, lmcache_kv_params, prefill_body
 from pdlab.router.process import router_command, router_env
 from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DEFAULT_STARTUP_TIMEOUT_S,
+    REQUEST_ID_HEADER,
     VLLM_CPU_BLOCK_SIZE,
     VLLM_CPU_MAX_NUM_BATCHED_TOKENS,
     runs_dir,
@@ -53,6 +57,13 @@ class DeployError(RuntimeError):
 class RunningInstance:
     spec: InstanceSpec
     process: ManagedProcess
+    lmcache: dict | None = None
+    """Its LMCache config (connector kind `lmcache`), as written for it."""
+
+    @property
+    def lmcache_urls(self) -> list[str]:
+        """LMCache's HTTP servers in this instance, where its own figures are (pdlab.lmcache.figures)."""
+        return figures.api_urls(self.lmcache)
 
     @property
     def name(self) -> str:
@@ -143,7 +154,8 @@ class Deployment:
                 dep.router, dep.router_url = proc, entry["url"]
                 dep.admin_token = record.get("admin_token")
             else:
-                dep.instances.append(RunningInstance(resolved[entry["name"]], proc))
+                dep.instances.append(RunningInstance(resolved[entry["name"]], proc,
+                                                     specs[entry["name"]].get("lmcache")))
         return dep
 
     # -- what callers use -------------------------------------------------------------------------------------
@@ -208,7 +220,9 @@ class Deployment:
         try:
             self._start_guard()
             for plan in plans:
-                self.instances.append(RunningInstance(plan.spec, self._spawn(plan.name, plan.argv, plan.env)))
+                self._write_lmcache_config(plan)
+                self.instances.append(RunningInstance(plan.spec, self._spawn(plan.name, plan.argv, plan.env),
+                                                      plan.lmcache))
             self._wait_healthy([(i.name, i.url, i.process) for i in self.instances])
             self._warm_up()
             for inst in self.instances:  # after the warm-up: its first transfer may start threads of its own
@@ -230,7 +244,8 @@ class Deployment:
         return {"spec": self.spec.model_dump(mode="json", exclude={"router": {"admin_token"}}),
                 "model_dir": self.model_dir,
                 "instances": [{"name": p.name, "url": p.url, "port": p.spec.port,
-                               "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv}
+                               "nixl_side_channel_port": p.spec.nixl_side_channel_port, "argv": p.argv,
+                               "lmcache": p.lmcache}
                               for p in plans],
                 "netlab": self.netlab.describe() if self.netlab else None, "stand_ins": self.stand_ins}
 
@@ -255,7 +270,7 @@ class Deployment:
         plans = self._plan(model_dir, lab, check_ports=False)
         router = None
         if self.spec.router is not None:
-            router = router_command(self.spec.router, self._upstreams(plans, model_dir))
+            router = router_command(self._router_spec(), self._upstreams(plans, model_dir))
         return DryRun(plans, router, lab.describe() if lab is not None else None, notes)
 
     def _plan(self, model_dir: str, lab: netlab.NetLab | None, check_ports: bool = True) -> list[InstancePlan]:
@@ -272,8 +287,11 @@ class Deployment:
         plans = plan_deployment(spec, model_dir, stand_ins=self.stand_ins)
         if check_ports:
             loopback = [p for p in plans if p.spec.node is None or lab is None]
-            router_port = [("router", spec.router.host, spec.router.port)] if spec.router else []
-            check_ports_free(loopback, router_port)  # a node's ports live in its own namespace
+            router_ports = [("router", spec.router.host, spec.router.port)] if spec.router else []
+            if spec.router and spec.connector.kind == "lmcache":
+                router_ports.append(("router (LMCache push reports)", spec.router.host,
+                                     spec.connector.lmcache.notify_port))
+            check_ports_free(loopback, router_ports)  # a node's ports live in its own namespace
         if lab is not None:
             for plan in plans:
                 if plan.spec.node:
@@ -281,7 +299,17 @@ class Deployment:
                     node_env = lab.env(plan.spec.node, spec.connector.ucx_tls)
                     plan.env.update(node_env)
                     plan.own_env.update(node_env)
+        for plan in plans:
+            if plan.lmcache is not None:  # written there by start() (as the cluster tier mounts its ConfigMap)
+                path = str(self.run_dir / f"{plan.name}-lmcache.yaml")
+                plan.env["LMCACHE_CONFIG_FILE"] = plan.own_env["LMCACHE_CONFIG_FILE"] = path
         return plans
+
+    @staticmethod
+    def _write_lmcache_config(plan: InstancePlan) -> None:
+        """An instance's LMCache config, into the file its $LMCACHE_CONFIG_FILE names."""
+        if plan.lmcache is not None:
+            Path(plan.env["LMCACHE_CONFIG_FILE"]).write_text(yaml.safe_dump(plan.lmcache, sort_keys=False))
 
     def _warm_up(self) -> None:
         """One request to each instance, then one through every prefill -> decode pair, before anything is
@@ -314,7 +342,49 @@ class Deployment:
                 _warm_post(client, decode.url, decode_body(body, answer.get("kv_transfer_params")),
                            f"the warm-up decode on {decode.name} (KV from {prefill.name} over NIXL)")
                 progress.advance(task)
+            if self.spec.connector.kind == "lmcache" and not self.stand_ins:
+                progress.update(task, description="warming up: LMCache's first transfers")
+                self._warm_up_lmcache(client, body)
             progress.update(task, description="warmed up: first requests and KV transfers done")
+
+    def _warm_up_lmcache(self, client: httpx.Client, body: dict) -> None:
+        """LMCache's first transfers, and the start-up check that it moves KV at all (a misconfigured LMCache
+        serves with no caching and no error): every prefill instance pushes a prompt to every decode instance, which
+        must then take its KV from LMCache; a colocated instance's CPU tier must give back a prompt it stored."""
+        lm = self.spec.connector.lmcache
+        if not self.spec.disaggregated:
+            for inst in self.instances:
+                request_id = f"pdlab-warm-up-{inst.name}-{secrets.token_hex(4)}"
+                fresh = {**body, "prompt": [4, *body["prompt"][1:]]}  # not the first warm-up's prompt
+                _warm_post(client, inst.url, fresh, f"the LMCache warm-up on {inst.name}", request_id)
+                if not figures.logged_tokens(inst.log_path).get(request_id, {}).get("stored"):
+                    raise DeployError(f"LMCache stored none of a warm-up prompt on {inst.name}.\nLast lines of its "
+                                      f"log ({inst.log_path}):\n{inst.process.log_tail()}")
+                if not inst.spec.engine.enable_prefix_caching:  # else vLLM's own cache answers it again
+                    before = figures.connector_hit_tokens(inst.url)
+                    _warm_post(client, inst.url, fresh, f"the LMCache warm-up on {inst.name}")
+                    _check_lmcache_hit(inst, before, "its CPU tier gave back none of a prompt it had just stored")
+            return
+        assert self.spec.router is not None  # LMCache P/D has a router (DeploymentSpec checks)
+        pairs = [(p, d) for p in self.instances if p.spec.role == "prefill"
+                 for d in self.instances if d.spec.role == "decode"]
+        with PushListener(self.spec.router.host, lm.notify_port) as listener:
+            for i, (prefill, decode) in enumerate(pairs):
+                push_id = f"pdlab-warm-up-{prefill.name}-{decode.name}-{secrets.token_hex(4)}"
+                ports = lm.receiver_ports(1)
+                kv = lmcache_kv_params(push_id, decode.spec.host, ports.init_ports, ports.alloc_ports)
+                # A prompt of its own per pair: the decode instance must load it, not find it cached.
+                pair_body = {**body, "prompt": [3 + i, *body["prompt"][1:]]}
+                _warm_post(client, prefill.url, prefill_body(pair_body, kv),
+                           f"the LMCache warm-up prefill on {prefill.name} (pushing to {decode.name})")
+                if not listener.wait_for(push_id, lm.push_timeout_s):
+                    raise DeployError(f"{prefill.name} did not report pushing a prompt's KV to {decode.name} "
+                                      f"within {lm.push_timeout_s:g} s (connector.lmcache.push_timeout_s).\n"
+                                      f"Last lines of its log ({prefill.log_path}):\n{prefill.process.log_tail()}")
+                before = figures.connector_hit_tokens(decode.url)
+                _warm_post(client, decode.url, decode_body(pair_body, None),
+                           f"the LMCache warm-up decode on {decode.name} (KV from {prefill.name})")
+                _check_lmcache_hit(decode, before, f"it loaded none of the KV {prefill.name} pushed to it")
 
     @staticmethod
     def _settle_nixl_threads(inst: RunningInstance) -> None:
@@ -367,8 +437,9 @@ class Deployment:
             raise DeployError(f"instance {name!r} is not in the deployment's plan")
         old.process.stop(timeout_s=10)
         self._forget_group(old.process)
+        self._write_lmcache_config(plan)
         proc = self._spawn(plan.name, plan.argv, plan.env)
-        new = RunningInstance(plan.spec, proc)
+        new = RunningInstance(plan.spec, proc, plan.lmcache)
         self.instances[self.instances.index(old)] = new
         self._wait_healthy([(new.name, new.url, proc)])
         if new.spec.role != "colocated" and not self.stand_ins:
@@ -403,14 +474,31 @@ class Deployment:
         """The router's upstreams among `instances` (running, or planned by a dry run)."""
         urls = {role: [i.url for i in instances if i.spec.role == role] for role in ("prefill", "decode", "colocated")}
         block_size = next((i.spec.engine.block_size for i in instances if i.spec.engine.block_size), None)
+        lmcache = {}
+        if self.spec.router is not None and self.spec.kv_protocol == "lmcache" and urls["prefill"]:
+            # The ports every decode instance's LMCache config lists (one computation), and where the prefill
+            # instances report their pushes (the router waits for each before the decode request).
+            lm = self.spec.connector.lmcache
+            ports = lm.receiver_ports(1)
+            lmcache = {"lmcache_init_ports": ports.init_ports, "lmcache_alloc_ports": ports.alloc_ports,
+                       "lmcache_notify_host": self.spec.router.host, "lmcache_notify_port": lm.notify_port,
+                       "lmcache_push_timeout_s": lm.push_timeout_s}
         return RouterUpstreams(prefill=urls["prefill"], decode=urls["decode"] + urls["colocated"],
                                model=self.served_model, tokenizer=model_dir,
                                max_model_len=self.spec.model.max_model_len,
-                               block_size=block_size or VLLM_CPU_BLOCK_SIZE)
+                               block_size=block_size or VLLM_CPU_BLOCK_SIZE, **lmcache)
 
-    def _start_router(self) -> None:
+    def _router_spec(self) -> RouterSpec:
+        """The lab's router, speaking the KV protocol of the deployment's connector (an unset `kv_protocol` follows
+        it; the router's own default is `nixl`)."""
         router = self.spec.router
         assert router is not None
+        if router.kv_protocol is None and self.spec.kv_protocol != "nixl":
+            router = router.model_copy(update={"kv_protocol": self.spec.kv_protocol})
+        return router
+
+    def _start_router(self) -> None:
+        router = self._router_spec()
         argv = router_command(router, self.router_upstreams())
         # Safe by default: the admin API always has a token; an unset one is made up here. Either way it reaches
         # the router through its environment, never its command line (other local users can read that, and it
@@ -449,14 +537,23 @@ class Deployment:
                         time.sleep(0.5)
 
 
-def _warm_post(client: httpx.Client, url: str, body: dict, what: str) -> dict:
+def _warm_post(client: httpx.Client, url: str, body: dict, what: str, request_id: str | None = None) -> dict:
     try:
-        response = client.post(url + "/v1/completions", json=body)
+        response = client.post(url + "/v1/completions", json=body,
+                               headers={REQUEST_ID_HEADER: request_id} if request_id else None)
     except httpx.HTTPError as error:
         raise DeployError(f"{what} got no answer: {type(error).__name__}: {error}") from None
     if response.is_error:
         raise DeployError(f"{what} failed: HTTP {response.status_code}: {response.text[:500]}")
     return response.json()
+
+
+def _check_lmcache_hit(inst: RunningInstance, before: float, what: str) -> None:
+    """The start-up check behind every LMCache warm-up: vLLM took the warm-up prompt's KV from LMCache."""
+    if figures.connector_hit_tokens(inst.url) <= before:
+        raise DeployError(f"LMCache is not moving KV on {inst.name}: {what}. Every process of an LMCache deployment "
+                          "needs the same PYTHONHASHSEED and chunk size (pdlab sets them). "
+                          f"Last lines of its log ({inst.log_path}):\n{inst.process.log_tail()}")
 
 
 def _resolved_instances(spec: DeploymentSpec, saved: dict[str, dict]) -> list[InstanceSpec]:

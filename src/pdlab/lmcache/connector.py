@@ -54,11 +54,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
     LMCacheConnectorV1 as VllmLMCacheConnectorV1,
 )
 
-log = logging.getLogger("pdlab.lmcache")
+from pdlab.lmcache.settings import HASH_SEED_KEY
 
-#: The key of vLLM's kv_connector_extra_config under which a deployment passes the PYTHONHASHSEED every one of its
-#: instances must run with (point 4).
-HASH_SEED_KEY = "pdlab.python_hash_seed"
+log = logging.getLogger("pdlab.lmcache")
 
 
 class LayoutError(RuntimeError):

@@ -64,6 +64,7 @@ from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DECODE_REPLICA_HEADER,
     HTTP_KEEP_ALIVE_S,
+    KV_WAIT_MS_HEADER,
     PATH_HEADER,
     PREFILL_MS_HEADER,
     PREFILL_REPLICA_HEADER,
@@ -489,11 +490,13 @@ class Router:
             ex.reply_headers[PREFILL_REPLICA_HEADER] = replica.url
             ex.reply_headers[PREFILL_MS_HEADER] = f"{(time.perf_counter() - ex.arrived) * 1e3:.1f}"
             try:
-                await transfer.landed()
+                waited = await transfer.landed()
             except KVTransferFailed as error:
                 self.metrics.count(self.metrics.upstream_errors, "prefill", "kv_transfer")
                 await ex.error(RequestError(504, str(error), None, "kv_transfer_failed"))
                 return None
+            if waited is not None:
+                ex.reply_headers[KV_WAIT_MS_HEADER] = f"{waited * 1e3:.1f}"
             return self.kv.decode_params(answer) or {}
         return reason
 

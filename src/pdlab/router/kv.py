@@ -10,17 +10,21 @@ parameters from prefill's answer.
 - `lmcache` (LMCacheConnectorV1's P/D; prefill pushes): prefill gets a `disagg_spec` naming the decode replica's
   LMCache receiver (host and per-rank ports); decode gets the client's request unchanged and finds the pushed KV by
   its token hashes. A request without a `disagg_spec` kills an LMCache sender's engine, so nothing plain is ever
-  sent to a prefill instance under this protocol (`prefill_serves_plain` is False).
+  sent to a prefill instance under this protocol (`prefill_serves_plain` is False). Where the prefill instances
+  report finished pushes to the router (`lmcache_notify_port`, pdlab.lmcache.push), the decode leg waits for the
+  report: prefill's answer can come before the KV has landed.
 """
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from pdlab.config.router import RouterUpstreams
+from pdlab.lmcache.push import PushTimeout, PushWatch
 from pdlab.pdrequest import PREFILL_KV_PARAMS, lmcache_kv_params
 
 
@@ -121,6 +125,35 @@ class NixlPull(KVProtocolHandler):
         return prefill_answer
 
 
+@dataclass
+class LMCacheTransfer(Transfer):
+    """One push: landed once the prefill instance has reported it (when the router hears reports at all)."""
+
+    watch: PushWatch | None = None
+    push_id: str = ""
+    timeout_s: float = 30.0
+    decode_url: str = ""
+
+    def __post_init__(self) -> None:
+        # Watch before the prefill request goes: the report may come before its answer.
+        self._reported = self.watch.expect(self.push_id) if self.watch is not None else None
+
+    async def landed(self) -> float | None:
+        if self.watch is None or self._reported is None:
+            return None
+        try:
+            return await self.watch.wait(self.push_id, self._reported, self.timeout_s)
+        except PushTimeout:
+            raise KVTransferFailed(
+                f"the KV push of this prompt to decode instance {self.decode_url} was not reported within "
+                f"{self.timeout_s:g} s (lmcache_push_timeout_s; the lab's connector.lmcache.push_timeout_s): the "
+                "request fails rather than decoding without its KV") from None
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.forget(self.push_id)
+
+
 @register_kv_protocol
 class LMCachePush(KVProtocolHandler):
     """LMCache's P/D: prefill pushes the KV to the decode replica's receiver named in its `disagg_spec`."""
@@ -143,6 +176,25 @@ class LMCachePush(KVProtocolHandler):
                 raise KVProtocolError(f"decode URL {url!r} has no host to name as LMCache receiver")
             self.receivers[url.rstrip("/")] = {"receiver_host": host, "receiver_init_port": list(ports.init_ports),
                                                "receiver_alloc_port": list(ports.alloc_ports)}
+        self.watch: PushWatch | None = None
+
+    async def start(self) -> None:
+        if self.upstreams.lmcache_notify_port is not None:
+            # The prefill instances report to the router's own address (their pd_proxy_host).
+            self.watch = PushWatch(self.upstreams.lmcache_notify_host, self.upstreams.lmcache_notify_port)
+            await self.watch.start()
+
+    async def close(self) -> None:
+        if self.watch is not None:
+            await self.watch.close()
+            self.watch = None
+
+    def open_transfer(self, request_id: str, decode_url: str) -> Transfer:
+        # LMCache keys each push by this id (the receiver's buffer reservation, the report): unique per request
+        # even when clients repeat an x-request-id.
+        push_id = f"{request_id}.{uuid.uuid4().hex[:12]}"
+        return LMCacheTransfer(self.prefill_params(push_id, decode_url), self.watch, push_id,
+                               self.upstreams.lmcache_push_timeout_s, decode_url)
 
     def prefill_params(self, request_id: str, decode_url: str) -> dict[str, Any]:
         receiver = self.receivers[decode_url]
