@@ -7,7 +7,6 @@ and write one run directory (see pdlab.experiment.runner) with a summary and a r
 from __future__ import annotations
 
 import datetime as dt
-
 import itertools
 import os
 import shutil
