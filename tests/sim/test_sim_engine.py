@@ -631,6 +631,42 @@ def test_a_prefix_cache_skips_the_leading_blocks_the_instance_computed_before() 
     assert last_ttft(blocks, before=(blocks, others)) == pytest.approx(chunk_after(96, 4))
 
 
+def test_the_uncached_threshold_basis_sends_a_follow_up_turn_direct_to_the_decode_instance_that_holds_its_prefix(
+) -> None:
+    """A 1P1D pair, threshold 1,000 tokens, prefix caching on the decode instance. A 1,200-token first turn is
+    prefilled remotely either way. Its 1,296-token follow-up (the first turn's 75 blocks, then six new ones):
+    `prompt` counts 1,296 tokens and prefills all of them remotely again; `uncached` counts the 96 the decode
+    instance does not hold (the router's model: the first turn finished there) and sends it direct, where the
+    decode instance's prefix cache computes only those. An unrelated long prompt is still disaggregated."""
+    from collections import OrderedDict
+
+    catalog = load_catalog()
+    transfer = TransferCost(catalog.links["tcp-10gbe"], kv_bytes_per_token=1000, num_layers=4)
+    first_turn = tuple(range(1, 76))
+    follow_up = (*first_turn, *range(101, 107))
+    other = tuple(range(201, 282))
+
+    def run(basis: str) -> list:
+        prefill = Instance(name="p", role="prefill", cost=COST, budget=8192, max_seqs=64, kv_capacity=100_000,
+                           link=Link(transfer), block_size=16)
+        decode = Instance(name="d", role="decode", cost=COST, budget=8192, max_seqs=64, kv_capacity=100_000,
+                          prefix_cache=OrderedDict(), block_size=16)
+        sim = Simulation(router=RouterSettings(threshold=1000, threshold_basis=basis), prefill=[prefill],
+                         decode=[decode])
+        return sim.run([Arrival(0.0, 1200, 2, "long", prefix_hashes=first_turn),
+                        Arrival(10.0, 1296, 2, "long", prefix_hashes=follow_up),
+                        Arrival(20.0, 1296, 2, "long", prefix_hashes=other)])
+
+    by_prompt, by_uncached = run("prompt"), run("uncached")
+    assert [(r.path, r.reason) for r in by_prompt] == [("disaggregated", "over_threshold")] * 3
+    assert [(r.path, r.reason) for r in by_uncached] == [
+        ("disaggregated", "over_threshold"), ("direct", "cached_prefix"), ("disaggregated", "over_threshold")]
+    follow = by_uncached[1]
+    assert follow.decode_instance == "d" and follow.prefill_instance is None
+    assert follow.cached == 1200, "the decode instance computes only the new blocks"
+    assert token_times(follow)[0] < token_times(by_prompt[1])[0]
+
+
 def test_a_trace_replays_with_shared_blocks_for_equal_leading_hash_ids(tmp_path) -> None:
     from pdlab.config.sim import SimTrace, SimWorkload
     from pdlab.sim.workload import arrivals

@@ -182,7 +182,7 @@ class SimSpec(Spec):
     parallelism, engines and router fill every field the spec does not give itself (`pdlab.sim.twin`); relative
     to the spec's file."""
     router: RouterSettings = Field(default_factory=RouterSettings)
-    """Threshold and strategies, exactly as for the real router."""
+    """Threshold, its basis and strategies, exactly as for the real router."""
     workload: SimWorkload
     slo: SLO = Field(default_factory=SLO)
     stall_ms: float = Field(default=250.0, gt=0)

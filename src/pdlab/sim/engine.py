@@ -12,7 +12,10 @@ running sequences' next tokens do not fit, the latest admitted request is preemp
 waits at the head of the queue to compute its prompt and the tokens it had produced again (vLLM's recompute; a
 preempted request's tokens are runs of steps, kept in `SimRequest.segments`). A disaggregated request waits in
 its decode instance's queue with that instance's own prompts before it gets KV space for its prompt and posts its
-read; the router's threshold and replica choice are pdlab.router's own code.
+read; the router's threshold and replica choice are pdlab.router's own code. With `threshold_basis: uncached` the
+router, as the real one does, picks the decode replica first and counts only the prompt's tokens past the leading
+blocks it expects that replica to hold (the blocks of the requests the replica finished, an LRU of
+`RouterSpec.prefix_cache_blocks`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from pdlab.config.router import RouterSettings
-from pdlab.router.strategies import ReplicaState, RequestFeatures, RoutingStrategy, decide_path, make_strategy
+from pdlab.config.router import RouterSettings, RouterSpec
+from pdlab.router.strategies import (
+    PrefixCacheModel,
+    ReplicaState,
+    RequestFeatures,
+    RoutingStrategy,
+    decide,
+    make_strategy,
+)
 from pdlab.sim.costs import ServingOverheads, StepCost, TransferCost, chunk_attention
 from pdlab.sim.workload import Arrival
 
@@ -39,6 +49,11 @@ class SimRequest:
     arrival: Arrival
     features: RequestFeatures
     path: str = "direct"
+    reason: str = ""
+    """Why the router took `path` (`over_threshold`, `under_threshold`, `cached_prefix`: pdlab.router's reasons);
+    empty without a prefill pool."""
+    decode_target: Instance | None = None
+    """A disaggregated request's decode instance, when the router chose it before the prefill (`uncached` basis)."""
     computed: int = 0
     """Tokens of the current prefill already computed."""
     cached: int = 0
@@ -217,6 +232,10 @@ class Simulation:
         self.decode_pool = list(colocated) or list(decode)
         self.prefill_strategy: RoutingStrategy = make_strategy(router.prefill_strategy)
         self.decode_strategy: RoutingStrategy = make_strategy(router.decode_strategy)
+        self.expected_cache = (PrefixCacheModel(RouterSpec.model_fields["prefix_cache_blocks"].default)
+                               if router.threshold_basis == "uncached" and self.prefill_pool else None)
+        """`threshold_basis: uncached`: the router's model of each decode instance's prefix cache, kept as
+        pdlab.router keeps it (a request's full blocks, once it finished there)."""
         self.env = simpy.Environment()
         self.requests: list[SimRequest] = []
         self.decisions: list[tuple[int, str, str | None, str | None]] = []
@@ -286,8 +305,16 @@ class Simulation:
         return pool[index]
 
     def _arrive(self, request: SimRequest) -> None:
-        if self.prefill_pool and decide_path(request.arrival.prompt_tokens, self.router.threshold) == "disaggregated":
-            request.path = "disaggregated"
+        decode = None
+        if self.prefill_pool:
+            a, cached = request.arrival, 0
+            if self.expected_cache is not None:  # the decode replica first, then what it lacks of the prompt
+                decode = self._choose(self.decode_strategy, self.decode_pool, request)
+                cached = self.expected_cache.cached_blocks(decode.name, a.prefix_hashes) * decode.block_size
+            decision = decide(a.prompt_tokens, cached, self.router.threshold, self.router.threshold_basis)
+            request.path, request.reason = decision.path, decision.reason
+        if request.path == "disaggregated":
+            request.decode_target = decode
             if request.arrival.prompt_tokens + request.arrival.output_tokens > min(
                     inst.kv_capacity for inst in self.decode_pool):
                 request.failed = "sequence longer than a decode instance's KV cache"
@@ -296,7 +323,7 @@ class Simulation:
             request.prefill_instance = target.name
             self.decisions.append((request.id, request.path, target.name, None))
         else:
-            target = self._choose(self.decode_strategy, self.decode_pool, request)
+            target = decode or self._choose(self.decode_strategy, self.decode_pool, request)
             request.decode_instance = target.name
             self.decisions.append((request.id, request.path, None, target.name))
         if target.blocks_for(target.longest_kv(request)) > target.kv_capacity // target.block_size:
@@ -518,6 +545,8 @@ class Simulation:
         del inst.admitted[request]
         inst.in_flight -= 1
         request.finish = now
+        if self.expected_cache is not None:
+            self.expected_cache.add(inst.name, request.arrival.prefix_hashes)
 
     # -- P/D hand-off -------------------------------------------------------------------------------------------
     def _prefill_done(self, prefill: Instance, request: SimRequest) -> None:
@@ -532,7 +561,7 @@ class Simulation:
         self._hand_to_decode(prefill, request)
 
     def _hand_to_decode(self, prefill: Instance, request: SimRequest) -> None:
-        decode = self._choose(self.decode_strategy, self.decode_pool, request)
+        decode = request.decode_target or self._choose(self.decode_strategy, self.decode_pool, request)
         request.decode_instance = decode.name
         self.decisions.append((request.id, request.path, request.prefill_instance, decode.name))
         decode.in_flight += 1
@@ -605,6 +634,7 @@ class Simulation:
             request.transfer_seen = self.now
         prefill.kv_used -= prefill.blocks_for(request.held)
         request.held, request.read_held = request.read_held, 0
+        decode.keep_prefix(request)  # vLLM caches the blocks read too: a later prompt starting the same way hits them
         # Joins at the next step it plans: the connector reports finished reads at the end of a step (vLLM's
         # get_finished), so a read that completes while the decode instance computes waits for that step.
         decode.pending_joins.append(request)
