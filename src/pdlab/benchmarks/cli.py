@@ -312,6 +312,52 @@ def bench_transfer(
     _written(result["path"], "transfer", record)
 
 
+@app.command("push-pull")
+def bench_push_pull(
+    lab: Path = typer.Argument(Path("labs/kv-push-vs-pull.yaml"),
+                               help="Lab with a `nixl` and an `lmcache` P/D scenario and the load to run on both."),
+    prompt_tokens: int = typer.Option(3000, min=1, help="Probe prompt length (at or above the router threshold)."),
+    busy_tokens: int = typer.Option(6000, min=1, help="Length of the prompt that keeps the prefill instance busy."),
+    repeats: int = typer.Option(5, min=1, help="Probes per condition and scenario."),
+    duration: float = typer.Option(None, help="Load duration in seconds, overriding the lab's."),
+    out: Path = typer.Option(None, help="Output JSON (default: a new file under runs/bench/push-pull/)."),
+    record: bool = RECORD,
+) -> None:
+    """LMCache's push vs NIXL's pull on the same cores and load: long prompts' TTFT and time after prefill (alone
+    and beside a busy prefill instance), short requests' latency, and each connector's transfer figures."""
+    from pdlab.benchmarks import pushpull
+    from pdlab.benchmarks.prefill import ProbeError
+    from pdlab.config import ConfigError, load_lab
+    from pdlab.deploy.launcher import DeployError
+    from pdlab.experiment.lab import record_run
+
+    try:
+        spec = load_lab(lab)
+        result = pushpull.run(spec, prompt_tokens=prompt_tokens, busy_tokens=busy_tokens, repeats=repeats,
+                              duration_s=duration, out=out, console=console)
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=2) from None
+    except (ProbeError, DeployError, FileExistsError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    for name, figures in result["scenarios"].items():
+        for condition, probe in figures["probes"].items():
+            wait = probe["push_wait_ms"]["median"]
+            console.print(f"{name:>8} {condition:>12}: first token {probe['ttft_ms']['median']:7.0f} ms, after "
+                          f"prefill {probe['after_prefill_ms']['median']:6.0f} ms (median of "
+                          f"{probe['ttft_ms']['count']})" + (f", push waited {wait:.1f} ms" if wait is not None
+                                                             else ""))
+        load = figures["load"]
+        console.print(f"{name:>8} {'load':>12}: long TTFT p50 {load['long_ttft_ms']['p50']:.0f} / p99 "
+                      f"{load['long_ttft_ms']['p99']:.0f} ms, after prefill median "
+                      f"{load['long_after_prefill_ms']['median']:.0f} ms; short TTFT p99 "
+                      f"{load['short_ttft_ms']['p99']:.0f} ms, ITL p99 {load['short_itl_ms']['p99']:.1f} ms")
+    _written(result["path"], "push-pull", record)
+    if record:
+        console.print(f"recorded run: {record_run(Path(result['run_dir']))}")
+
+
 @app.command("lmcache-copy")
 def bench_lmcache_copy(
     model: str = typer.Option("pdlab-small", help="Catalog model or model directory whose KV shape to copy."),

@@ -8,7 +8,8 @@ transfer), `vllm:nixl_bytes_transferred` (bytes per transfer), `vllm:nixl_num_de
 side), cumulative since start: scrape before and after a run and subtract. Beside them, every engine's
 `vllm:num_preemptions` counter: requests whose KV was dropped because the cache ran out (recomputed later), and its
 prefix-cache counters `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits` (prompt tokens looked up in the prefix
-cache, and found there).
+cache, and found there), and `vllm:external_prefix_cache_queries` / `_hits`: the same for its KV connector (LMCache:
+prompt tokens pushed to a decode instance and taken from there instead of computed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import asdict, dataclass, fields
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from pdlab.lmcache.figures import VLLM_CONNECTOR_HITS, VLLM_CONNECTOR_QUERIES
 
 XFER_TIME = "vllm:nixl_xfer_time_seconds"
 POST_TIME = "vllm:nixl_post_time_seconds"
@@ -53,6 +56,10 @@ class KVTransferStats:
     """Prompt tokens looked up in the prefix cache (instances with prefix caching on)."""
     prefix_hit_tokens: float = 0
     """Of those, tokens found there: their KV was reused, not computed."""
+    connector_queried_tokens: float = 0
+    """Prompt tokens vLLM asked its KV connector about (LMCache: pushed to a decode instance)."""
+    connector_hit_tokens: float = 0
+    """Of those, tokens vLLM took from the connector instead of computing them."""
 
     def __sub__(self, earlier: KVTransferStats) -> KVTransferStats:
         return KVTransferStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
@@ -102,6 +109,8 @@ def parse_kv_transfer(text: str) -> KVTransferStats:
         preemptions=sums.get(f"{PREEMPTIONS}_total", 0.0),
         prefix_queried_tokens=sums.get(f"{PREFIX_QUERIES}_total", 0.0),
         prefix_hit_tokens=sums.get(f"{PREFIX_HITS}_total", 0.0),
+        connector_queried_tokens=sums.get(f"{VLLM_CONNECTOR_QUERIES}_total", 0.0),
+        connector_hit_tokens=sums.get(f"{VLLM_CONNECTOR_HITS}_total", 0.0),
     )
 
 
