@@ -1,2 +1,3 @@
 """The workshop kit, above the course: the pre-flight check a room runs on every seat (`pdlab preflight`), and
-the student copies of the notebooks with their answers kept apart (`pdlab workshop student-copies`, `make lab`)."""
+the student copies of the notebooks with their answers kept apart (`pdlab workshop student-copies`, `make lab`),
+and the course timed as a learner runs it (`pdlab workshop time`)."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -42,7 +44,7 @@ def preflight(
         raise typer.Exit(code=1)
 
 
-app = typer.Typer(help="The workshop kit: student copies of the notebooks, answers kept apart.",
+app = typer.Typer(help="The workshop kit: student copies of the notebooks, answers kept apart; the course timed.",
                   no_args_is_help=True)
 
 
@@ -55,3 +57,45 @@ def student_copies(force: bool = typer.Option(False, help="Write every copy agai
     for path, what in workbook.write_student_copies(force=force).items():
         console.print(f"{path}: {what}")
 
+
+
+@app.command("time")
+def time_course(
+    notebooks: list[str] = typer.Argument(..., help="Notebooks to run, by number (03), name (03-disaggregate) or "
+                                                    "path, one after another."),
+    quick: bool = typer.Option(False, "--quick", help="Quick mode (the small parameters CI uses)."),
+    out: Path = typer.Option(None, help="Write here (default: a new file under runs/course-timings/)."),
+    record: bool = typer.Option(False, "--record", help="Also file it under data/results/course-timings/ (a new "
+                                                        "file)."),
+) -> None:
+    """Run course notebooks top to bottom as a learner does (a fresh kernel each, its own deployment, full
+    parameters unless --quick) and time every cell; exits 1 when a notebook fails (what ran is still written)."""
+    from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+    from pdlab.workshop import timing
+    from pdlab.workshop.workbook import WorkbookError
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def start(stem: str) -> None:
+            tasks[stem] = bar.add_task(f"{stem}: starting a kernel", total=None)
+
+        def cell(stem: str, index: int, total: int, line: str) -> None:
+            bar.update(tasks[stem], description=f"{stem}: cell {index + 1}/{total}  {escape(line)}")
+
+        def done(run: dict) -> None:
+            how = f"{run['minutes']} min of cells" if run["complete"] else \
+                f"[red]FAILED[/red] in cell {run['failed_cell']}: {escape(str(run['error']))}"
+            bar.update(tasks[run["notebook"]], description=f"{run['notebook']}: {how}", total=1, completed=1)
+
+        try:
+            written, result = timing.time_course(notebooks, quick=quick, out=out, on_start=start, on_cell=cell,
+                                                 on_done=done)
+        except (FileExistsError, WorkbookError) as error:
+            raise typer.BadParameter(str(error), param_hint="NOTEBOOKS / --out") from None
+    console.print(f"written: {written}", soft_wrap=True)
+    if record:
+        console.print(f"recorded: {timing.record(written)}", soft_wrap=True)
+    if not result["complete"]:
+        raise typer.Exit(code=1)
