@@ -11,6 +11,7 @@ from rich.console import Console
 
 from pdlab.config import ConfigError, LinkSpec, validate
 from pdlab.netlab.iproute import IprouteError, NetLabUnavailable, unavailable_reason
+from pdlab.netlab.presets import PRESET_LINKS
 
 app = typer.Typer(help="Network namespaces and shaped links for two-node labs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -24,7 +25,7 @@ def _require_netlab() -> None:
 
 @app.command("check")
 def check_command(
-    preset: str = typer.Option("10gbe", help="Link preset: efa-p5, 100gbe, 10gbe or 1gbe (scaled to pdlab-small)."),
+    preset: str = typer.Option("10gbe", help=f"Link preset: {', '.join(PRESET_LINKS)} (scaled to pdlab-small)."),
     mbps: float | None = typer.Option(None, help="Shape to this many Mbit/s instead of the preset."),
     nbytes: int = typer.Option(20_000_000, "--bytes", min=1, help="Bytes to move from the prefill to the decode node."),
     run_id: str | None = typer.Option(None, help="Name the run (1-10 lowercase letters or digits); default random."),
