@@ -63,6 +63,27 @@ def test_pd_greedy_output_matches_colocated_and_kv_moves(live_1p1d):
     assert moved > 0, "the decode instance reports no NIXL bytes transferred"
 
 
+def test_an_idle_pd_deployment_leaves_the_cores_free(live_1p1d):
+    """pdlab's NixlConnector starts no NIXL progress thread: between requests the P/D instances use almost no CPU
+    (vLLM's own connector keeps a core per instance busy: 9.9 CPU-seconds each in 10 s on a 2-core machine)."""
+    import time
+
+    import psutil
+
+    trees = [psutil.Process(inst.pid) for inst in live_1p1d.instances]
+    procs = [p for tree in trees for p in (tree, *tree.children(recursive=True))]
+
+    def cpu_s() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in procs if p.is_running())
+
+    pd_completion(*pd_urls(live_1p1d), live_1p1d.served_model, words(300), max_tokens=4, stream=False)
+    time.sleep(1.0)  # the request's last step and the transfer's notification are done
+    before, began = cpu_s(), time.monotonic()
+    time.sleep(3.0)
+    used = cpu_s() - before
+    assert used < 0.25 * (time.monotonic() - began), f"idle P/D instances used {used:.2f} CPU-s in 3 s"
+
+
 def test_prompt_below_one_kv_block_still_completes(live_1p1d):
     dep = live_1p1d
     result = pd_completion(*pd_urls(dep), dep.served_model, "the river ran", max_tokens=8,
@@ -100,11 +121,10 @@ def test_bench_transfer_times_real_kv_reads_beside_idle_and_busy_instances(live_
     assert len(together["first_tokens_ms"]) == 3 and together["spread_ms"] >= 0
     # (here the busy prompt is short, so it may well have been answered before the reads were posted)
     assert together["before_busy_answer"] == (max(together["first_tokens_ms"]) < together["busy_answer_ms"])
-    # the prefill instance runs on this machine: its progress thread (idle class) was watched while it computed
+    # pdlab's NixlConnector starts no progress thread: there is no idle-class sender thread to watch (a deployment
+    # with `connector.progress_thread: true` has one, and the bench records its slices)
     for trial in (alone, together):
-        assert all(run_ms > 0 for _, run_ms in trial["sender_bursts_ms"]), trial
-        assert len(trial["after_slice_ms"]) == trial["reads"]
-        assert all(a is None or a > 0 for a in trial["after_slice_ms"]), trial
+        assert "sender_bursts_ms" not in trial and "after_slice_ms" not in trial, trial
     assert set(result["summary"]) == {t["condition"] for t in result["trials"]}
     assert "git" in result["environment"]
     below = run_pdlab("bench", "transfer", "--deployment", live_1p1d.spec.name, "--prompt-tokens", "10")

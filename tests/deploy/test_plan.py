@@ -55,12 +55,17 @@ def test_vllm_command_and_environment():
     assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == "kv_both"
+    # pdlab's NixlConnector (vLLM's, without NIXL's busy-polling progress thread) unless the spec asks for vLLM's own
+    assert kv["kv_connector_module_path"] == "pdlab.deploy.nixl_connector"
+    threaded = validate(DeploymentSpec, {**spec().model_dump(), "connector": {"kind": "nixl", "progress_thread": True}})
+    threaded_argv = plan_deployment(threaded, "/models/x", base_env={}, cores=[0, 1])[0].argv
+    assert "kv_connector_module_path" not in json.loads(threaded_argv[threaded_argv.index("--kv-transfer-config") + 1])
     env = prefill.env
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(prefill.spec.nixl_side_channel_port)
     assert env["UCX_TLS"] == "tcp,self,sm"
-    # a sleeping lock: NIXL's progress thread runs at idle priority (see deprioritize_spinning_threads)
+    # a sleeping lock: NIXL's progress thread, where on, runs at idle priority (deprioritize_spinning_threads)
     assert env["UCX_USE_MT_MUTEX"] == "y"
     spinlock = validate(DeploymentSpec, {**spec().model_dump(), "connector": {"kind": "nixl", "ucx_mutex": False}})
     assert plan_deployment(spinlock, "/models/x", base_env={}, cores=[0, 1])[0].env["UCX_USE_MT_MUTEX"] == "n"

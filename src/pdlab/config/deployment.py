@@ -144,10 +144,14 @@ class ConnectorSpec(Spec):
     """NIXL transport backends: UCX locally (TCP/shared memory), LIBFABRIC for AWS EFA."""
     ucx_tls: str = "tcp,self,sm"
     """UCX transports (UCX_TLS) for the local tier."""
+    progress_thread: bool = False
+    """NIXL's progress thread, which vLLM turns on and NIXL runs without pause: an idle instance keeps a core busy.
+    Off (pdlab's connector, pdlab.deploy.nixl_connector): transfers progress as vLLM's engine checks them each step.
+    On: vLLM's own NixlConnector, with pdlab moving the thread to the idle scheduling class (labs/ucx-lock.yaml)."""
     ucx_mutex: bool = True
     """UCX's multi-threaded worker lock as a mutex (UCX_USE_MT_MUTEX=y) rather than UCX's default spinlock. Keep it
-    on: with NIXL's progress thread at idle priority, the spinlock freezes the decode instance around KV reads
-    (docs/simulator.md). `false` is there to see that happen (labs/ucx-lock.yaml)."""
+    on: with NIXL's progress thread (`progress_thread: true`) at idle priority, the spinlock freezes the decode
+    instance around KV reads (docs/simulator.md). `false` is there to see that happen (labs/ucx-lock.yaml)."""
     buffer_device: Literal["cpu", "cuda"] = "cpu"
     """Where the connector stages KV blocks."""
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"

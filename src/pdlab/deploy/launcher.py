@@ -386,12 +386,14 @@ class Deployment:
                            f"the LMCache warm-up decode on {decode.name} (KV from {prefill.name})")
                 _check_lmcache_hit(decode, before, f"it loaded none of the KV {prefill.name} pushed to it")
 
-    @staticmethod
-    def _settle_nixl_threads(inst: RunningInstance) -> None:
+    def _settle_nixl_threads(self, inst: RunningInstance) -> None:
         """Undo two side effects of vLLM's NixlConnector on CPU that pdlab cannot configure away (see
-        pin_process_tree and deprioritize_spinning_threads), and say so in the instance's log."""
+        pin_process_tree and deprioritize_spinning_threads), and say so in the instance's log. pdlab's own
+        NixlConnector (pdlab.deploy.nixl_connector) starts no progress thread: nothing spins there."""
+        connector = self.spec.connector
+        spins = connector.kind != "nixl" or connector.progress_thread
         moved = pin_process_tree(inst.pid, inst.spec.cores) if inst.spec.cores else []
-        calmed = deprioritize_spinning_threads(inst.pid)
+        calmed = deprioritize_spinning_threads(inst.pid) if spins else []
         with open(inst.log_path, "a") as log:
             log.write(f"[pdlab] re-pinned threads {moved} to cores {inst.spec.cores}; "
                       f"moved spinning threads {calmed} to SCHED_IDLE (NIXL progress thread)\n")

