@@ -167,7 +167,7 @@ def notebook_1p1d(live_1p1d: Deployment) -> str:
 QUIET_FIRST = ("test_notebook_runs_top_to_bottom[01-prefill-vs-decode]",)
 
 
-#: Tests that use the session deployment. They run last, so that it is up (and its idle polling threads busy)
+#: Tests that use the session deployment. They run last, so that it is up (and holds its memory)
 #: only while they run, not beside every other test; the notebooks named in test_notebooks.ATTACHED ask for it
 #: inside the test, so they are named here by their ids.
 SHARED_DEPLOYMENT_FIXTURES = {"live_1p1d", "notebook_1p1d", "notebook_replicas"}

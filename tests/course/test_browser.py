@@ -191,9 +191,18 @@ def open_notebook(page: Page, url: str) -> None:
 
 def run_all_cells(page: Page, tries: int = 4) -> None:
     """Run > Run All Cells, until the first code cell shows it was sent to the kernel. A freshly opened notebook can
-    report an idle kernel before its connection takes requests, and a Run All in that window is silently lost."""
+    report an idle kernel before its connection takes requests, and a Run All in that window is silently lost.
+    Before each try any dialog is answered (a kernel chooser can open late on a loaded machine, and blocks the
+    menu); halfway through the page is loaded afresh, which connects the notebook to its kernel again (in CI a
+    second notebook opened in the same tab once took no Run All in four tries)."""
     started = page.locator(".jp-CodeCell .jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
-    for _ in range(tries):
+    for attempt in range(tries):
+        if attempt and attempt == tries // 2:
+            print("Run All did not start the notebook: loading its page again")
+            open_notebook(page, page.url)
+        for message in dismiss_dialogs(page):
+            print(f"dismissed a JupyterLab dialog: {message}")
+        page.keyboard.press("Escape")  # close a menu left open by a try whose click did not land
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         try:
@@ -201,7 +210,8 @@ def run_all_cells(page: Page, tries: int = 4) -> None:
             return
         except PlaywrightTimeoutError:
             continue
-    pytest.fail(f"Run All Cells did not start the notebook in {tries} tries")
+    status = page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
+    pytest.fail(f"Run All Cells did not start the notebook in {tries} tries (kernel status: {status})")
 
 
 def notebook_state(page: Page, lab: Lab) -> str:
