@@ -29,10 +29,12 @@
 # HTTP hop and its KV transfer. On an idle link and an idle sender the transfer is about `L x bytes per token /
 # link speed` (notebook 03: a few milliseconds for a 3,000-token prompt of pdlab-small on loopback), but a prefill
 # instance busy computing the next prompt serves the decode instance's read only between its steps: `pdlab bench
-# transfer` measured the same 3,000-token read (49 MB) at 6-12 ms beside an idle prefill instance and 350-1,050 ms
-# (medians) beside a busy one, on this machine kind (data/results/transfer/). So under load the transfer's cost is
-# mostly that wait, which grows with how long the sender's steps are, not with `L`. The stall it saves grows with
-# `L`; below some `L` the hop and the wait win, and above it disaggregation pays.
+# transfer` measured the same 3,000-token read (50 MB) at 8 ms beside an idle prefill instance and 1,162 to
+# 1,876 ms (medians) beside one computing a 6,000-token prompt, on this machine kind<!-- cite
+# data/results/transfer/20261205-142936.json: -, -, -, -, trials.0.bytes / 1e6, summary.idle.xfer_ms_median,
+# summary.prefill-busy-alone.xfer_ms_median, summary.prefill-busy.xfer_ms_median, - -->. So under load the
+# transfer's cost is mostly that wait, which grows with how long the sender's steps are, not with `L`. The stall it
+# saves grows with `L`; below some `L` the hop and the wait win, and above it disaggregation pays.
 
 # %% tags=["parameters"]
 from pdlab import course

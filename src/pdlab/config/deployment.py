@@ -146,8 +146,10 @@ class ConnectorSpec(Spec):
     """UCX transports (UCX_TLS) for the local tier."""
     progress_thread: bool = False
     """NIXL's progress thread, which vLLM turns on and NIXL runs without pause: an idle instance keeps a core busy.
-    Off (pdlab's connector, pdlab.deploy.nixl_connector): transfers progress as vLLM's engine checks them each step.
-    On: vLLM's own NixlConnector, with pdlab moving the thread to the idle scheduling class (labs/ucx-lock.yaml)."""
+    Off (pdlab's connector, pdlab.deploy.nixl_connector): transfers progress as vLLM's engine checks them each step,
+    so a read from a busy prefill instance waits for its next step (data/results/transfer/20261205-142936.json).
+    On: vLLM's own NixlConnector, with pdlab moving the thread to the idle scheduling class, where it serves reads
+    in the busy core's gaps (labs/ucx-lock.yaml)."""
     ucx_mutex: bool = True
     """UCX's multi-threaded worker lock as a mutex (UCX_USE_MT_MUTEX=y) rather than UCX's default spinlock. Keep it
     on: with NIXL's progress thread (`progress_thread: true`) at idle priority, the spinlock freezes the decode
