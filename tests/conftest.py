@@ -155,15 +155,14 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 @pytest.fixture(scope="session")
 def notebook_1p1d(live_1p1d: Deployment) -> str:
     """The session deployment's name, for the notebooks that attach to one through $PDLAB_ATTACH (and the browser
-    test). The same deployment as `live_1p1d`, not a second one: an idle P/D deployment keeps both cores busy with
-    NIXL's polling threads (at idle priority, yet two CPU-bound processes beside one measured 2-3x slower), so two
-    idle deployments would slow every test that runs while they are up."""
+    test). The same deployment as `live_1p1d`, not a second one: another would cost its start-up and its memory."""
     return live_1p1d.spec.name
 
 
 #: Tests whose checks compare timings measured in-process (notebook 01 times prefill and decode with torch). They
-#: run first, before any session deployment is up: on this machine kind an idle P/D deployment's NIXL progress
-#: threads keep a core busy (at idle priority, yet a 1,024-token prefill next to them measured 2.2x slower).
+#: run first, before any session deployment is up (vLLM's own NixlConnector kept a core busy per idle P/D instance,
+#: and a 1,024-token prefill beside them measured 2.2x slower; pdlab's runs without that thread, but a quiet machine
+#: is still the fair place for a timing check).
 QUIET_FIRST = ("test_notebook_runs_top_to_bottom[01-prefill-vs-decode]",)
 
 
