@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pdlab.deploy import Deployment
+from pdlab.deploy.guard import ipc_dir
 from pdlab.metrics.kv import scrape_kv_transfer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,13 +91,16 @@ def live_1p1d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
                              router={"port": 8159, "threshold": ROUTER_THRESHOLD})
     up = run_pdlab("up", str(lab_path))
     assert up.returncode == 0, f"pdlab up failed:\n{up.stdout}\n{up.stderr}"
+    sockets = None
     try:
         dep = Deployment.attach("pytest-1p1d")
+        sockets = ipc_dir(dep.run_dir)
         # `pdlab up` warms the P/D pair up: its first KV transfer (and NIXL handshake) is done before anyone measures
         assert scrape_kv_transfer(dep.urls("decode")[0]).transfers >= 1, "pdlab up moved no KV while warming up"
         yield dep
     finally:
         pdlab_down(None, "--port 815")  # as the README says: this session's own state directory holds only its own
+    assert sockets is None or not sockets.exists(), f"`pdlab down` left the deployment's IPC sockets in {sockets}"
 
 
 @pytest.fixture(scope="session")

@@ -84,6 +84,15 @@ def test_an_idle_pd_deployment_leaves_the_cores_free(live_1p1d):
     assert used < 0.25 * (time.monotonic() - began), f"idle P/D instances used {used:.2f} CPU-s in 3 s"
 
 
+def test_the_deployments_ipc_sockets_live_in_a_directory_of_its_own(live_1p1d):
+    """vLLM's IPC sockets go to the deployment's own directory (VLLM_RPC_BASE_PATH), which `pdlab down` removes
+    (tests/conftest.py's live_1p1d checks that), not to /tmp."""
+    from pdlab.deploy.guard import ipc_dir
+
+    sockets = ipc_dir(live_1p1d.run_dir)
+    assert sockets.is_dir() and any(path.is_socket() for path in sockets.iterdir()), sorted(sockets.iterdir())
+
+
 def test_prompt_below_one_kv_block_still_completes(live_1p1d):
     dep = live_1p1d
     result = pd_completion(*pd_urls(dep), dep.served_model, "the river ran", max_tokens=8,

@@ -15,6 +15,7 @@ import yaml
 
 from pdlab.config import load_lab
 from pdlab.deploy import DeployError, Deployment
+from pdlab.deploy.guard import ipc_dir
 from tests.conftest import REPO, as_in_a_terminal, make_test_lab, pdlab_processes
 
 START_SCRIPT = """
@@ -93,6 +94,7 @@ def test_no_orphans_when_the_owner_is_interrupted_or_killed(tmp_path, how):
         assert wait_until(lambda: not pdlab_processes(port_marker), 45), (
             f"processes left after {how}: {[p.cmdline() for p in pdlab_processes(port_marker)]}")
         assert wait_until(lambda: not pdlab_processes(str(run_dir / "process-groups")), 10), "guard left running"
+        assert wait_until(lambda: not ipc_dir(run_dir).exists(), 10), f"{how} left the IPC directory behind"
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -9,6 +9,7 @@ import pytest
 from pdlab.config import DeploymentSpec, ModelRef, parse_lab, validate
 from pdlab.config.base import ConfigError
 from pdlab.deploy import Deployment
+from pdlab.deploy.guard import ipc_dir
 from pdlab.deploy.plan import (
     PlanError,
     assign_ports,
@@ -67,6 +68,12 @@ def test_vllm_command_and_environment():
     assert env["UCX_TLS"] == "tcp,self,sm"
     # a sleeping lock: NIXL's progress thread, where on, runs at idle priority (deprioritize_spinning_threads)
     assert env["UCX_USE_MT_MUTEX"] == "y"
+    assert "VLLM_RPC_BASE_PATH" not in env  # a plan without a run directory: vLLM's default
+    sockets = ipc_dir("/runs/deployments/x-20261205")
+    assert sockets == ipc_dir("/runs/deployments/x-20261205") != ipc_dir("/runs/deployments/x-20261206")
+    assert len(str(sockets / ("engine_" + "0" * 36 + "_service_offload_lmcache_rpc_port_100"))) < 107
+    planned = plan_deployment(spec(), "/models/x", base_env={}, cores=[0, 1], sockets=sockets)[0]
+    assert planned.env["VLLM_RPC_BASE_PATH"] == planned.own_env["VLLM_RPC_BASE_PATH"] == str(sockets)
     spinlock = validate(DeploymentSpec, {**spec().model_dump(), "connector": {"kind": "nixl", "ucx_mutex": False}})
     assert plan_deployment(spinlock, "/models/x", base_env={}, cores=[0, 1])[0].env["UCX_USE_MT_MUTEX"] == "n"
 

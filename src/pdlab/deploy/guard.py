@@ -5,6 +5,7 @@
 2. If a group's leader dies while other members live on (someone killed a vLLM instance's API-server pid: its
    EngineCore and worker would keep running, holding a core and the instance's ports), the guard stops the rest of
    that group. vLLM's engine process does not watch its parent for this (no PR_SET_PDEATHSIG), so pdlab does.
+In case 1 it also removes the deployment's IPC socket directory (`ipc_dir`), as a clean stop does.
 
     python -m pdlab.deploy.guard OWNER_PID OWNER_CREATE_TIME GROUPS_FILE
 GROUPS_FILE holds one `pgid create_time` pair per line (the launcher adds a line per process it starts and rewrites
@@ -13,8 +14,11 @@ the file when an instance restarts). The guard exits when the file is removed (t
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +30,14 @@ from pdlab.deploy.process import stop_group
 GROUPS_FILE = "process-groups"
 #: Seconds between the guard's looks.
 INTERVAL_S = 0.5
+
+
+def ipc_dir(run_dir: Path | str) -> Path:
+    """Where a deployment's vLLM and LMCache processes put their IPC sockets (VLLM_RPC_BASE_PATH): a directory of
+    its own, made at start and removed at stop, instead of files left in /tmp. Short (a Unix socket path holds 107
+    bytes and LMCache's names take ~60), so derived from the run directory rather than inside it."""
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"pdlab-ipc-{digest}"
 
 
 def owner_alive(pid: int, create_time: float) -> bool:
@@ -85,6 +97,7 @@ def main(argv: list[str]) -> int:
             for pgid, created in groups:
                 stop_group(pgid, created, timeout_s=10)
             groups_file.unlink(missing_ok=True)
+            shutil.rmtree(ipc_dir(groups_file.parent), ignore_errors=True)
             return 0
         for pgid, created in orphaned(groups):
             print(f"[pdlab guard] the leader of process group {pgid} is gone: stopping the rest of the group",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -29,8 +30,14 @@ from pdlab import model, netlab
 from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy import state
-from pdlab.deploy.guard import GROUPS_FILE
-from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
+from pdlab.deploy.guard import GROUPS_FILE, ipc_dir
+from pdlab.deploy.plan import (
+    InstancePlan,
+    PlanError,
+    check_ports_free,
+    plan_deployment,
+    served_model_name,
+)
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
 from pdlab.lmcache import figures
 from pdlab.lmcache.push import PushListener
@@ -113,7 +120,8 @@ class Deployment:
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, detached: bool = False,
                  console: Console | None = None, stand_ins: bool = False):
         self.spec = spec
-        self.run_dir = run_dir or runs_dir() / "deployments" / f"{spec.name}-{_timestamp()}"
+        # absolute: `pdlab down` and the guard find the deployment's IPC directory from it (guard.ipc_dir)
+        self.run_dir = (run_dir or runs_dir() / "deployments" / f"{spec.name}-{_timestamp()}").absolute()
         self.progress = progress
         self.startup_timeout_s = startup_timeout_s
         self.detached = detached
@@ -215,6 +223,7 @@ class Deployment:
             self._teardown_netlab()
             raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        ipc_dir(self.run_dir).mkdir(mode=0o700, exist_ok=True)
         (self.run_dir / "deployment.json").write_text(json.dumps(self._record(plans), indent=2))
         start = time.monotonic()
         try:
@@ -284,7 +293,7 @@ class Deployment:
             spec = spec.model_copy(update={"instances": [
                 inst.model_copy(update={"host": address(inst.node)}) if inst.node else inst
                 for inst in spec.instances]})
-        plans = plan_deployment(spec, model_dir, stand_ins=self.stand_ins)
+        plans = plan_deployment(spec, model_dir, stand_ins=self.stand_ins, sockets=ipc_dir(self.run_dir))
         if check_ports:
             loopback = [p for p in plans if p.spec.node is None or lab is None]
             router_ports = [("router", spec.router.host, spec.router.port)] if spec.router else []
@@ -416,6 +425,7 @@ class Deployment:
             self._guard.stop(timeout_s=5)
             self._guard = None
         self._teardown_netlab()
+        shutil.rmtree(ipc_dir(self.run_dir), ignore_errors=True)
         if self.detached:
             state.remove(self.spec.name)
 

@@ -158,8 +158,11 @@ def _taskset() -> str:
     return path
 
 
-def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dict[str, str]) -> dict[str, str]:
+def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dict[str, str],
+             sockets: Path | None = None) -> dict[str, str]:
     env = dict(base)
+    if sockets is not None:
+        env["VLLM_RPC_BASE_PATH"] = str(sockets)
     env.update({
         "VLLM_CPU_KVCACHE_SPACE": str(inst.kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": cores_arg(inst.cores) if inst.cores else "nobind",
@@ -238,8 +241,10 @@ def check_lmcache_local(spec: DeploymentSpec) -> None:
 
 
 def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, str] | None = None,
-                    cores: list[int] | None = None, stand_ins: bool = False) -> list[InstancePlan]:
-    """Every instance's process, fully decided (with `stand_ins`, stand-in servers in place of vLLM)."""
+                    cores: list[int] | None = None, stand_ins: bool = False,
+                    sockets: Path | None = None) -> list[InstancePlan]:
+    """Every instance's process, fully decided (with `stand_ins`, stand-in servers in place of vLLM); `sockets`
+    is the directory for their IPC sockets (`ipc_dir`)."""
     check_lmcache_local(spec)
     instances = assign_ports(spec)
     check_cores(instances, available_cores() if cores is None else cores)
@@ -247,8 +252,8 @@ def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, st
     if stand_ins:
         return [InstancePlan(inst, stand_in_argv(spec, inst), {**env, "PYTHONUNBUFFERED": "1"},
                              {"PYTHONUNBUFFERED": "1"}) for inst in instances]
-    return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env),
-                         vllm_env(spec, inst, model_dir, {}), lmcache_config(spec, inst, i, model_dir))
+    return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env, sockets),
+                         vllm_env(spec, inst, model_dir, {}, sockets), lmcache_config(spec, inst, i, model_dir))
             for i, inst in enumerate(instances)]
 
 
@@ -336,6 +341,8 @@ ENV_HELP = {
     "UCX_USE_MT_MUTEX": "UCX's worker lock as a mutex, not a spinlock: with NIXL's progress thread at idle "
                         "priority a spinlock froze the decode instance 0.4-1.6 s around KV reads",
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "seconds an idle keep-alive connection stays open (the router reuses them)",
+    "VLLM_RPC_BASE_PATH": "where vLLM's (and LMCache's) processes put their IPC sockets: a directory of the "
+                          "deployment's own, removed when it stops, not files left in /tmp",
     "PYTHONHASHSEED": "the same seed in every instance: vLLM's block hashes, and so prefix reuse, must agree "
                       "across instances (LMCache's chunk keys too: a sender and a receiver that differ miss silently)",
     "LMCACHE_CONFIG_FILE": "the instance's LMCache settings (written into the run directory; the cluster renders "

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from pdlab.deploy.guard import GROUPS_FILE
+from pdlab.deploy.guard import GROUPS_FILE, ipc_dir
 from pdlab.deploy.process import stop_group
 from pdlab.settings import state_dir
 
@@ -72,4 +73,5 @@ def stop(record: dict[str, Any]) -> None:
     (Path(record["run_dir"]) / GROUPS_FILE).unlink(missing_ok=True)  # the guard's list: it exits
     if guard := record.get("guard"):
         stop_group(guard["pid"], guard["create_time"], timeout_s=5)
+    shutil.rmtree(ipc_dir(record["run_dir"]), ignore_errors=True)
     remove(record["name"])
