@@ -7,7 +7,6 @@ nbclient. Any cell error (a failing check cell included) fails the test and show
 from __future__ import annotations
 
 import ast
-import os
 import sys
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-import pdlab
-from pdlab.course import ATTACH_ENV, QUICK_ENV, RUN_ENV
+from pdlab.course import ATTACH_ENV, RUN_ENV
 from pdlab.netlab import unavailable_reason
+from pdlab.workshop import timing
 from tests.course.test_browser import BROWSER_NOTEBOOKS
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -38,12 +37,9 @@ SHARED_RUNS = {"02-hol-blocking": "demo_run"}
 
 
 def kernel_env(attach: str | None = None, run: str | None = None) -> dict[str, str]:
-    """The test's environment plus quick mode, with this pdlab's source first on the kernel's path; `attach` names
-    a running deployment for the notebook to use ($PDLAB_ATTACH), `run` a run directory to read ($PDLAB_RUN)."""
-    source_root = str(Path(pdlab.__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {k: v for k, v in os.environ.items() if k not in (ATTACH_ENV, RUN_ENV)}
-    return {**env, QUICK_ENV: "1", "PYTHONPATH": path, **({ATTACH_ENV: attach} if attach else {}),
+    """A learner's kernel environment in quick mode (`pdlab workshop time`'s), plus `attach`, a running deployment
+    for the notebook to use ($PDLAB_ATTACH), and `run`, a run directory to read ($PDLAB_RUN)."""
+    return {**timing.kernel_env(quick=True), **({ATTACH_ENV: attach} if attach else {}),
             **({RUN_ENV: run} if run else {})}
 
 

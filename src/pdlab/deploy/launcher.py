@@ -31,13 +31,7 @@ from pdlab.config.deployment import DeploymentSpec, InstanceSpec, Role
 from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy import state
 from pdlab.deploy.guard import GROUPS_FILE, ipc_dir
-from pdlab.deploy.plan import (
-    InstancePlan,
-    PlanError,
-    check_ports_free,
-    plan_deployment,
-    served_model_name,
-)
+from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
 from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
 from pdlab.lmcache import figures
 from pdlab.lmcache.push import PushListener

@@ -174,11 +174,11 @@ def vllm_env(spec: DeploymentSpec, inst: InstanceSpec, model_dir: str, base: dic
         # replaces it with its node's interface.
         "UCX_NET_DEVICES": "lo",
         # With `connector.progress_thread: true`, pdlab moves NIXL's busy-polling progress thread to SCHED_IDLE
-        # (deprioritize_spinning_threads). UCX's
-        # multi-threaded worker lock is a spinlock by default: when the engine thread posts a KV read while the
-        # idle-class thread holds it, the engine spins on its own core and the holder hardly ever runs (priority
-        # inversion), freezing every stream for 0.4-1.6 s. A mutex lets the waiter sleep so the holder runs at
-        # once. Measured on the hol-blocking load: NIXL post time 1.40 -> 0.18 s, short ITL max 1,252 -> 55 ms.
+        # (deprioritize_spinning_threads). UCX's multi-threaded worker lock is a spinlock by default: when the
+        # engine thread posts a KV read while the idle-class thread holds it, the engine spins on its own core and
+        # the holder hardly ever runs (priority inversion), freezing every stream for 0.4-1.6 s. A mutex lets the
+        # waiter sleep so the holder runs at once. Measured on the hol-blocking load: NIXL post time 1.40 -> 0.18 s,
+        # short ITL max 1,252 -> 55 ms.
         "UCX_USE_MT_MUTEX": "y" if spec.connector.ucx_mutex else "n",
         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(HTTP_KEEP_ALIVE_S),
         # Block hashes must agree across instances for KV-aware routing, prefix reuse and LMCache's chunk keys.

@@ -207,9 +207,11 @@ def deprioritize_spinning_threads(pid: int, window_s: float = 0.5, busy_share: f
 
     Why: vLLM's NixlConnector creates its NIXL agent with the progress thread on, and NIXL's Python API sets that
     thread's poll delay to zero, so on an idle instance it busy-polls a whole core. vLLM has no setting for
-    either. On a laptop where each instance owns one core, that thread halves the instance's compute and adds
-    scheduling delay to every decode step. As an idle-class thread it still runs whenever the core is otherwise
-    free (KV transfers progress in the gaps between engine steps) but never delays the engine's own threads.
+    either; pdlab's own connector (pdlab.deploy.nixl_connector) starts no such thread, so this is needed only
+    with `connector.progress_thread: true` (and LMCache's connector). On a laptop where each instance owns one
+    core, that thread halves the instance's compute and adds scheduling delay to every decode step. As an
+    idle-class thread it still runs whenever the core is otherwise free (KV transfers progress in the gaps between
+    engine steps) but never delays the engine's own threads.
     Measured on 2 cores: nice 19 left decode steps ~70% slower, SCHED_IDLE ~10%."""
     procs = _process_tree(pid)
     if not procs:
