@@ -80,7 +80,10 @@ class Lab:
     log: Path
 
     def open_url(self, notebook: str) -> str:
-        return f"{self.url}/lab/tree/{notebook}?token={self.token}"
+        """The notebook alone in a workspace of its own, reset: in the default workspace JupyterLab reopens the
+        notebooks opened before beside it, and a Run All could go to one of those (in CI, notebook 07 opened after
+        04 took no Run All in four tries, and the page then held two `.jp-Notebook`s)."""
+        return f"{self.url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?reset&token={self.token}"
 
 
 #: User settings for a fresh JupyterLab: quiet and offline (no news or update pop-ups over the notebook) and no
