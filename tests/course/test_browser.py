@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import jupytext
+import nbformat
 import pytest
 from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -42,6 +42,7 @@ import pdlab
 from pdlab.course import ATTACH_ENV
 from pdlab.deploy import Deployment
 from pdlab.experiment.lab import set_router
+from pdlab.workshop import workbook
 
 CHROMIUM = Path("/usr/bin/chromium")
 #: Loopback ports the browser tests may use.
@@ -108,7 +109,7 @@ def lab(tmp_path: Path, notebook_replicas: str, notebook_1p1d: str) -> Iterator[
     root = tmp_path / "lab"
     root.mkdir()
     for stem in BROWSER_NOTEBOOKS:
-        jupytext.write(jupytext.read(NOTEBOOKS / f"{stem}.py"), root / f"{stem}.ipynb")
+        nbformat.write(workbook.with_answers(NOTEBOOKS / f"{stem}.py"), root / f"{stem}.ipynb")
     write_lab_settings(tmp_path / "lab-settings")
     port, token = free_port(), f"pdlab-test-{random.getrandbits(64):x}"
     source_root = str(Path(pdlab.__file__).resolve().parents[1])
@@ -257,7 +258,7 @@ def run_until_output(page: Page, lab: Lab, text: str, timeout_ms: int, rerun_aft
 
 def check_cells_passed(page: Page, lab: Lab, stem: str) -> None:
     """Every code cell ran, no output holds a traceback, and each `course.check` call printed `check passed`."""
-    expected = sum(cell.source.count("course.check(") for cell in jupytext.read(NOTEBOOKS / f"{stem}.py").cells
+    expected = sum(cell.source.count("course.check(") for cell in workbook.with_answers(NOTEBOOKS / f"{stem}.py").cells
                    if cell.cell_type == "code")
     passed = page.locator(".jp-OutputArea-output").filter(has_text="check passed").all_inner_texts()
     count = sum(text.count("check passed") for text in passed)

@@ -18,7 +18,7 @@ from nbclient.exceptions import CellExecutionError
 
 from pdlab.course import ATTACH_ENV, RUN_ENV
 from pdlab.netlab import unavailable_reason
-from pdlab.workshop import timing
+from pdlab.workshop import timing, workbook
 from tests.course.test_browser import BROWSER_NOTEBOOKS
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -44,7 +44,7 @@ def kernel_env(attach: str | None = None, run: str | None = None) -> dict[str, s
 
 
 def execute(path: Path, attach: str | None = None, run: str | None = None) -> nbformat.NotebookNode:
-    notebook = jupytext.read(path)
+    notebook = workbook.with_answers(path)  # every exercise's answer runs after the notebook, in its kernel
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     # The "python3" kernelspec starts sys.executable (jupyter_client substitutes it), i.e. this venv's Python.
@@ -100,6 +100,12 @@ def test_notebook_runs_top_to_bottom(path: Path, request: pytest.FixtureRequest)
     if path.stem == "03-disaggregate" and unavailable_reason() is None:  # as root (CI): the two-node layout, for real
         assert "two nodes with a shaped link" in printed and "check passed: a " in printed, \
             "03 did not run on two nodes, or did not check the link's effect"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_exercise_has_an_answer(path: Path) -> None:
+    """notebooks/answers/NN-topic.py answers each exercise, with an explanation (the runs above execute them)."""
+    workbook.check_answered(path)
 
 
 def test_kernel_is_this_python() -> None:
