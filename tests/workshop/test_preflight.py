@@ -41,8 +41,23 @@ def test_this_machine_is_ready_for_the_course() -> None:
     code, report = run_preflight()
     failed = [check for check in report["checks"] if check["status"] == "fail"]
     assert code == 0 and report["passed"] and not failed, f"pre-flight failed here: {failed}"
-    assert {"platform", "python", "cores", "memory", "disk", "packages", "models", "ports",
+    assert {"platform", "python", "cores", "memory", "disk", "packages", "LMCache", "models", "ports",
             "leftovers"} <= set(by_name(report))
+    assert by_name(report)["LMCache"]["status"] == "ok", by_name(report)["LMCache"]  # `make setup` installed it
+
+
+def test_lmcache_pins_have_one_home() -> None:
+    """`make setup` installs LMCache from the file the pre-flight reads; a pin not met is a warning with the fix."""
+    pins = preflight.lmcache_requirements()
+    assert pins[0].startswith("lmcache==") and all("==" in pin for pin in pins), pins
+    makefile = (REPO / "Makefile").read_text()
+    assert "LMCACHE_REQUIREMENTS := src/pdlab/lmcache/requirements.txt" in makefile
+    assert "--no-deps -r $(LMCACHE_REQUIREMENTS)" in makefile
+    assert preflight.check_lmcache().status == "ok"
+    off = preflight.check_lmcache([*pins[1:], "lmcache==0.0.1"])
+    assert off.status == "warn" and off.passed and "lmcache 0.5" in off.found and "make setup" in off.fix, off
+    missing = preflight.check_lmcache(["pdlab-no-such-package==1.0"])
+    assert missing.status == "warn" and "pdlab-no-such-package missing" in missing.found, missing
 
 
 def test_a_leftover_server_fails_the_check_and_says_what_to_do() -> None:

@@ -1,7 +1,8 @@
 """The pre-flight check a workshop room runs on every seat before the course (`pdlab preflight`, `make preflight`):
-the platform and Python the local tier needs, cores, memory and disk, the packages at the versions pdlab pins, the
-local models made, the course's ports free, nothing left running from an earlier deployment, and, with
-`serve=True`, that a real 1P1D deployment starts and a request goes through prefill -> KV transfer -> decode.
+the platform and Python the local tier needs, cores, memory and disk, the packages at the versions pdlab pins
+(LMCache's too), the local models made, the course's ports free, nothing left running from an earlier deployment,
+and, with `serve=True`, that a real 1P1D deployment starts and a request goes through prefill -> KV transfer ->
+decode.
 
 Each check says what it found, what the course needs, and what to do when it fails (docs/troubleshooting.md has
 the longer story for each). A failed check blocks the course; a warning does not (the course runs, slower or with
@@ -17,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Literal
 
@@ -222,6 +223,37 @@ def check_packages(extras: Iterable[str] = COURSE_EXTRAS) -> Check:
     return Check("packages", "fail", "; ".join(problems), need, fix)
 
 
+def lmcache_requirements() -> list[str]:
+    """LMCache's pins as `make setup` installs them (src/pdlab/lmcache/requirements.txt, one home for both)."""
+    text = resources.files("pdlab.lmcache").joinpath("requirements.txt").read_text()
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def check_lmcache(pins: Iterable[str] | None = None) -> Check:
+    """LMCache and the packages it imports on CPU, at their pins. A warning, not a failure: the notebooks run without
+    it; the LMCache labs (`labs/local-1p1d-lmcache.yaml`), `pdlab bench push-pull` and the LMCache config checks of
+    the cluster tier need it."""
+    from packaging.requirements import Requirement
+
+    pins = list(pins or lmcache_requirements())
+    problems = []
+    for text in pins:
+        req = Requirement(text)
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{req.name} missing")
+            continue
+        if not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{req.name} {version} (pinned {req.specifier})")
+    need = ", ".join(pins)
+    if not problems:
+        return Check("LMCache", "ok", f"{pins[0]} and its {len(pins) - 1} CPU dependencies installed", need)
+    return Check("LMCache", "warn", "; ".join(problems), need,
+                 "The course's notebooks run without it; the LMCache labs do not. Run `make setup` (it installs "
+                 "LMCache with --no-deps: its declared dependencies are CUDA builds).")
+
+
 def check_models(names: Iterable[str] = COURSE_MODELS) -> Check:
     names = list(names)
     missing = [name for name in names if not local_models.is_made(name)]
@@ -372,8 +404,8 @@ def check_serve(model: str = "pdlab-small", lab: str | Path = SERVE_LAB, progres
 
 #: The checks a plain `pdlab preflight` runs, in order (cheap ones first).
 QUICK_CHECKS: tuple[Callable[[], Check], ...] = (
-    check_platform, check_python, check_cores, check_memory, check_disk, check_packages, check_models, check_ports,
-    check_leftovers, check_cpu_quiet,
+    check_platform, check_python, check_cores, check_memory, check_disk, check_packages, check_lmcache, check_models,
+    check_ports, check_leftovers, check_cpu_quiet,
 )
 
 
