@@ -5,6 +5,7 @@ without a citation fails too."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,19 @@ def test_readmes_demo_table_is_what_its_record_gives() -> None:
         pytest.skip("README's demo table has no <!-- headline: RECORD --> marker yet")
     assert readme.render(text, REPO) == text, ("README's demo table differs from its record: "
                                                "`python -m pdlab.report.readme` regenerates it")
+
+
+def test_readmes_course_total_is_the_sum_of_its_rows() -> None:
+    """README's course table ends with the total minutes: the sum of the notebooks' recorded times, at the precision
+    written."""
+    readme = (REPO / "README.md").read_text()
+    rows = re.findall(r"^\| \[(\d\d-[\w-]+)\]\(notebooks/.*<!-- cite (\S+): -, (\S+) / 60", readme, re.M)
+    assert len(rows) == len(list((REPO / "notebooks").glob("[0-9][0-9]-*.py"))), rows
+    total = sum(citations.evaluate(expr, citations.load_data(REPO / path)) / 60 for _, path, expr in rows)
+    written = re.search(r"^\| \*\*all nine\*\* \| ([\d.]+) \|", readme, re.M)
+    assert written, "README's course table has no total row"
+    assert round(total) == float(written.group(1)), \
+        f"the notebooks' minutes add up to {total:.1f}, README says {written.group(1)}"
 
 
 def test_cited_figures_in_the_other_docs_and_the_notebooks_match() -> None:
