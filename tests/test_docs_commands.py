@@ -230,9 +230,12 @@ COMMANDS: dict[str, Way] = {
     "pdlab run labs/kv-pressure.yaml": Way(_quick_run("labs/kv-pressure.yaml"), "deployment",
                                            expect="Run directory", why=QUICK_RUN_WHY),
     # --- the router's overhead benchmark (docs/router.md), against its stand-ins, cut to a few requests
-    "pdlab bench router": Way("pdlab bench router --requests 40 --rounds 1 --warmup 5 --out {OUT}/router",
-                              why="40 requests per target and concurrency instead of 2,000, into a test folder",
-                              timeout=300),
+    "pdlab bench router": Way("pdlab bench router --profile", "same",
+                              why="the profiled run is the same benchmark, with the pdlab router under cProfile"),
+    "pdlab bench router --profile": Way("pdlab bench router --profile --requests 40 --rounds 1 --warmup 5 "
+                                        "--out {OUT}/router-profile", expect="ms of its own CPU per request",
+                                        why="40 requests per target and concurrency instead of 2,000, into a test "
+                                            "folder", timeout=300),
     # --- the workshop kit (docs/troubleshooting.md, docs/facilitator.md)
     "pdlab preflight": Way("pdlab preflight", expect="Ready for the course", why=AS_WRITTEN),
     "pdlab preflight --json": Way("pdlab preflight --json", expect='"passed": true', why=AS_WRITTEN),

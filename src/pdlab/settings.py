@@ -26,6 +26,9 @@ DEFAULT_MODEL = "pdlab-small"
 
 #: Environment variable holding the router's admin bearer token when a lab spec does not set one.
 ADMIN_TOKEN_ENV = "PDLAB_ADMIN_TOKEN"
+#: Set to a file path, the router runs under cProfile and writes its stats there when it stops (`pdlab bench router
+#: --profile`).
+ROUTER_PROFILE_ENV = "PDLAB_ROUTER_PROFILE"
 
 #: vLLM's scheduler defaults for its OpenAI server on CPU (vllm/engine/arg_utils.py, "cpu specific default
 #: values"): a 3,000-token prompt is prefilled in two chunks. The simulator uses them to replay local runs.

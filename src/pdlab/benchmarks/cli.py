@@ -460,6 +460,10 @@ def bench_router(
     warmup: int = typer.Option(100, help="Unmeasured requests first, per target and concurrency."),
     max_tokens: int = typer.Option(4, help="Tokens per streamed answer."),
     base_port: int = typer.Option(18500, help="First of the loopback ports the benchmark uses (7 in all)."),
+    profile: bool = typer.Option(False, "--profile", help="Run the pdlab router under cProfile: its stats "
+                                 "(pdlab-router.prof) and where its time went, per package and function, land in "
+                                 "--out. Slows the pdlab router, so its timings are not its overhead: --record files "
+                                 "the run under data/results/router-profile/, apart from the overhead records."),
     record: bool = RECORD,
 ) -> None:
     """Router overhead: direct vs pdlab router vs vllm-router, side by side, against fast stand-in upstreams."""
@@ -468,8 +472,18 @@ def bench_router(
 
     stderr = Console(stderr=True)
     out = out or results.new_path(runs_dir() / "bench" / "router", results.stamp())
-    run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
-                     rounds=rounds, console=stderr)
+    result = run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
+                              rounds=rounds, console=stderr, profile=profile)
+    if profile:
+        breakdown = result["profile"]
+        stderr.print(f"pdlab router, ms of its own CPU per request under cProfile ({breakdown['requests']} requests; "
+                     f"stats: {out / breakdown['stats']}):")
+        for name, ms in breakdown["ms_per_request_by_package"].items():
+            stderr.print(f"  {name:40s} {ms:7.3f}")
+        for row in breakdown["top_functions"][:8]:
+            stderr.print(f"  {row['function'][:60]:60s} {row['calls_per_request']:5.2f} calls  "
+                         f"{row['ms_per_request']:7.3f}")
     if record:
-        recorded = results.record("router-overhead", out / "router-overhead.json", f"{results.stamp()}.json")
+        recorded = results.record("router-profile" if profile else "router-overhead", out / "router-overhead.json",
+                                  f"{results.stamp()}.json")
         stderr.print(f"recorded: {recorded}")

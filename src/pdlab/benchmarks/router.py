@@ -6,6 +6,11 @@ request prefilled on one stand-in, then decoded on another (two upstream calls).
 `vllm_router_direct_path`: one upstream call (pdlab with a threshold above the prompt; vllm-router in its regular
 mode). "direct" sends the same request straight to the decode stand-in.
 Stand-ins answer instantly (`--token-ms 0`), so what differs between targets is the router's cost.
+
+With `profile=True` the pdlab router runs under cProfile (`PDLAB_ROUTER_PROFILE`): its stats are written beside the
+result (`pdlab-router.prof`, readable with `python -m pstats` or snakeviz), and `profile_breakdown` adds where its
+time went, per package and per function, in ms per request. The profiler slows the pdlab router, so a profiled
+run's timings are not its overhead and are never recorded.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pstats
 import shutil
 import sys
 import time
@@ -31,7 +37,7 @@ from pdlab.deploy.process import ManagedProcess, serving
 from pdlab.environment import capture
 from pdlab.router.admin import RouterAdmin
 from pdlab.router.process import router_command
-from pdlab.settings import ADMIN_TOKEN_ENV
+from pdlab.settings import ADMIN_TOKEN_ENV, ROUTER_PROFILE_ENV
 
 HOST = "127.0.0.1"
 MODEL = "pdlab-tiny"
@@ -106,9 +112,39 @@ def _cpu_seconds(proc: ManagedProcess | None) -> float:
     return times.user + times.system
 
 
+#: Where a profiled router's time goes, by the file a function lives in (first match wins).
+PROFILE_GROUPS = (("pdlab router", "/pdlab/router/"), ("pdlab other", "/pdlab/"),
+                  ("aiohttp (upstream client)", "/aiohttp/"), ("uvicorn + httptools (server)", "/uvicorn/"),
+                  ("prometheus_client", "/prometheus_client/"), ("json", "/json/"), ("asyncio", "/asyncio/"),
+                  ("C built-ins (socket writes, parsers)", "~"))
+PROFILE_FILE = "pdlab-router.prof"
+
+
+def profile_breakdown(stats_path: Path, requests: int, top: int = 15) -> dict[str, Any]:
+    """A profiled router's own time (tottime, the event loop's idle wait left out) per package and its `top`
+    functions, in ms per request."""
+    stats = pstats.Stats(str(stats_path)).stats  # type: ignore[attr-defined]
+    groups: dict[str, float] = {}
+    rows = []
+    for (file, line, func), (_, calls, own, _cum, _callers) in stats.items():
+        if file.endswith("asyncio/runners.py") and func == "run":
+            continue  # the loop's wait in epoll, charged to asyncio.run by cProfile: idle, not work
+        group = next((name for name, part in PROFILE_GROUPS if part in file), "other")
+        groups[group] = groups.get(group, 0.0) + own
+        rows.append((own, calls, f"{Path(file).name}:{line}({func})" if file != "~" else func))
+    rows.sort(reverse=True)
+    per = 1e3 / max(requests, 1)
+    return {"requests": requests, "ms_per_request_by_package": {
+                name: round(t * per, 4) for name, t in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "ms_per_request_total": round(sum(groups.values()) * per, 4),
+            "top_functions": [{"function": name, "calls_per_request": round(calls / max(requests, 1), 2),
+                               "ms_per_request": round(own * per, 4)} for own, calls, name in rows[:top]]}
+
+
 def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tokens: int = 4, base_port: int = 18500,
-                     rounds: int = 5, console: Console | None = None) -> dict[str, Any]:
+                     rounds: int = 5, console: Console | None = None, profile: bool = False) -> dict[str, Any]:
     """Start the stand-ins and routers, measure every target at each concurrency, write `out/router-overhead.json`.
+    With `profile`, the pdlab router runs under cProfile and the result says where its time went (`profile`).
     Returns the result."""
     from pdlab.model import resolve
 
@@ -160,7 +196,8 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
                 "decode": serve("standin-decode", [*standin, "--port", str(decode_port), "--name", "decode-0"],
                                 f"{decode_url}/health", "standin-decode.log"),
                 "pdlab": serve("pdlab-router", pdlab_argv, f"{router_url}/health", "pdlab-router.log",
-                               {ADMIN_TOKEN_ENV: token}),
+                               {ADMIN_TOKEN_ENV: token,
+                                **({ROUTER_PROFILE_ENV: str((out / PROFILE_FILE).resolve())} if profile else {})}),
             }
             if vr_exe:
                 vr_argv = [vr_exe, "--vllm-pd-disaggregation", "--prefill", prefill_url, "--decode", decode_url,
@@ -210,6 +247,12 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
                               f"p99 {point[name]['ttfb_ms']['p99']:7.3f} ms  {point[name]['rps']:8.1f} req/s")
             result["concurrency"][str(concurrency)] = point
     result["summary"] = _summary(result["concurrency"])
+    if profile:  # the router has stopped and written its stats
+        served = sum(point[name]["requests"] + warmup for point in result["concurrency"].values()
+                     for name in ("pdlab", "pdlab_direct_path"))
+        result["profile"] = {"stats": PROFILE_FILE, "note": "the pdlab router ran under cProfile: its timings here "
+                             "are slowed by the profiler and are not its overhead",
+                             **profile_breakdown(out / PROFILE_FILE, served)}
     result["environment"] = capture()
     text = json.dumps(result, indent=2) + "\n"
     (out / "router-overhead.json").write_text(text)

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
 import inspect
 import logging
+import os
+import signal
 import sys
 from typing import Any
 
@@ -14,7 +18,7 @@ from rich.console import Console
 from pdlab.config.base import ConfigError
 from pdlab.config.options import spec_from_options, spec_options
 from pdlab.config.router import RouterSpec, RouterUpstreams
-from pdlab.settings import ADMIN_TOKEN_ENV, HTTP_KEEP_ALIVE_S
+from pdlab.settings import ADMIN_TOKEN_ENV, HTTP_KEEP_ALIVE_S, ROUTER_PROFILE_ENV
 
 app = typer.Typer(help="Run the P/D router in front of a deployment.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -53,10 +57,29 @@ def serve(**options: Any) -> None:
     router_log.propagate = False
     if router.admin_token is None:
         router_log.warning(f'{{"event": "admin_disabled", "why": "${ADMIN_TOKEN_ENV} is not set"}}')
-    uvicorn.run(router, host=spec.host, port=spec.port, log_level="warning", access_log=False, loop="uvloop",
-                http="httptools", proxy_headers=False, server_header=False,
-                timeout_graceful_shutdown=5,  # a launcher stopping us must not wait on open streams
-                timeout_keep_alive=HTTP_KEEP_ALIVE_S)
+    with profiled(os.environ.get(ROUTER_PROFILE_ENV)):
+        uvicorn.run(router, host=spec.host, port=spec.port, log_level="warning", access_log=False, loop="uvloop",
+                    http="httptools", proxy_headers=False, server_header=False,
+                    timeout_graceful_shutdown=5,  # a launcher stopping us must not wait on open streams
+                    timeout_keep_alive=HTTP_KEEP_ALIVE_S)
+
+
+@contextlib.contextmanager
+def profiled(path: str | None):
+    """With a path, run the block under cProfile and write its stats there when the router stops. uvicorn answers
+    SIGTERM with a graceful shutdown and then raises the signal again under the handler it found: the one set here
+    turns that into SystemExit, so the stats are written before the process ends."""
+    if not path:
+        yield
+        return
+    profiler = cProfile.Profile()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        profiler.dump_stats(path)
 
 
 app.command("serve")(spec_options(serve, RouterUpstreams, RouterSpec, extra=[LOG_LEVEL]))
