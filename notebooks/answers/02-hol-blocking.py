@@ -44,6 +44,7 @@ import pandas as pd
 import yaml
 
 from pdlab.calibration.lab import DEFAULT_LAB_PROFILE, lab_points, lab_requests
+from pdlab.metrics import DEFAULT_STALL_K
 from pdlab.model import resolve
 from pdlab.settings import repo_root
 from pdlab.sim.scenario import build, prepare
@@ -76,7 +77,7 @@ def simulated(lab, only=(), seeds=2):
         for seed in range(seeds):
             rows = per_request_rows(build(prepared, seed).run(arrivals(point.spec.workload)))
             gaps = [r["itl_s"] for r in rows if r["cls"] == "short" and r["ttft_s"] is not None]
-            stalls = np.array([(g > 5 * np.median(g)).sum() for g in gaps])  # pdlab's stall: > 5x the median gap
+            stalls = np.array([(g > DEFAULT_STALL_K * np.median(g)).sum() for g in gaps])  # pdlab's stall definition
             worst = np.array([g.max() for g in gaps]) * 1e3
             long_ttft = np.array([r["ttft_s"] for r in rows if r["cls"] == "long"]) * 1e3
             figures.append({"short stalled share": (stalls > 0).mean(), "stalls per short request": stalls.mean(),

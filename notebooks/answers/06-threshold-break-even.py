@@ -39,6 +39,7 @@ import pandas as pd
 
 from pdlab.calibration.lab import DEFAULT_LAB_PROFILE, lab_points, lab_requests
 from pdlab.config.lab import LabSpec
+from pdlab.metrics import DEFAULT_STALL_K
 from pdlab.model import resolve
 from pdlab.settings import repo_root
 from pdlab.sim.scenario import simulate
@@ -63,7 +64,7 @@ def simulated_pair(load, length):
     for point in lab_points(lab, requests, profile=DEFAULT_LAB_PROFILE):
         summary, sim = simulate(point.spec)
         gaps = [r["itl_s"] for r in per_request_rows(sim.requests) if r["cls"] == "short" and r["ttft_s"] is not None]
-        stalled_s = sum(g[g > 5 * np.median(g)].sum() for g in gaps)  # the streams' stalled gaps, summed
+        stalled_s = sum(g[g > DEFAULT_STALL_K * np.median(g)].sum() for g in gaps)  # the streams' stalls, summed
         out[point.name] = {"short_itl_max_ms": summary["short"]["itl_ms"]["max"],
                            "stalled_s_per_long": stalled_s / summary["long"]["count"],
                            "long_ttft_p50_ms": summary["long"]["ttft_ms"]["p50"]}
