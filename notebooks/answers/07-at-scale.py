@@ -201,13 +201,14 @@ assert (pressure["0.6 req/s, 2 instances"]["short"]["tpot_ms"]["p99"]
 # %% [markdown]
 # ## Exercise 6
 # Only `prefixaware` keeps each document on one instance: its hit rate is several times round-robin's.
-# `kvaware` keeps them only part of the time: at 80 req/s the instances' loads often differ by more than its
-# tolerance of 4 requests, and then it sends the request to the least loaded one, wherever its document is.
-# `leastloaded` looks at nothing but the load, so it spreads documents like round-robin. At 40 req/s round-robin
-# meets the SLOs again with the same low hit rate: the cluster has the spare compute to prefill a document again
-# and again, so a miss costs a 4,096-token prefill, short on an H200, but no queueing. Near
-# saturation every recomputed document is compute the cluster does not have: the cache hits are capacity, so the
-# busier the cluster, the more routing for them is worth.
+# `kvaware` keeps them only part of the time, for two reasons in its rule: it models each instance's cache as a
+# least-recently-used list of `KVAware.cache_blocks` blocks (4,096), a small part of what an H200's cache holds, so
+# it forgets where most of the 400 documents went; and when the instances' loads differ by more than 4 requests,
+# it sends the request to the least loaded one, wherever its document is. `leastloaded` looks at nothing but the
+# load, so it spreads documents like round-robin. At 40 req/s round-robin meets the SLOs again with the same low hit
+# rate: the cluster has the spare compute to prefill a document again and again, so a miss costs a 4,096-token
+# prefill, short on an H200, but no queueing. Near saturation every recomputed document is compute the cluster does
+# not have: the cache hits are capacity, so the busier the cluster, the more routing for them is worth.
 
 # %%
 strategy_runs = {"roundrobin": spread, "prefixaware": kept}
@@ -216,6 +217,11 @@ for strategy in ("kvaware", "leastloaded"):
         prefix_spec, threshold=prefix_spec.router.threshold, prefill=0, decode=prefix_spec.pools.colocated,
         rate=replicas.rate.value, link=prefix_spec.link.name, decode_strategy=strategy), catalog=catalog)
 print(sim_table(strategy_runs).round(3).loc[["SLO attainment", "prefix-cache hits"]])
+from pdlab.router.strategies import KVAware
+
+modelled = KVAware.cache_blocks * prefix_spec.engine.block_size
+print(f"kvaware's model of a cache: {modelled:,} tokens; an instance's cache: {kept['kv_cache_tokens_per_instance']:,}")
+assert modelled < kept["kv_cache_tokens_per_instance"] / 4
 hits = {name: s["prefix_cache"]["hit_rate"] for name, s in strategy_runs.items()}
 assert hits["prefixaware"] > hits["kvaware"] > hits["roundrobin"] and hits["prefixaware"] > 2 * hits["leastloaded"]
 
