@@ -87,11 +87,13 @@ class Lab:
         return f"{self.url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?reset&token={self.token}"
 
 
-#: User settings for a fresh JupyterLab: quiet and offline (no news or update pop-ups over the notebook) and no
-#: kernel-selection dialog (the notebook names its kernel).
+#: User settings for a fresh JupyterLab: quiet and offline (no news or update pop-ups over the notebook), no
+#: kernel-selection dialog (the notebook names its kernel), and every cell rendered (`windowingMode: none`): by
+#: default JupyterLab skips rendering cells scrolled out of view, and once the answers run after the check cells
+#: those are out of view, their `check passed` outputs unreadable to the page.
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"checkForUpdates": False, "fetchNews": "false"},
-    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
+    "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True, "windowingMode": "none"},
 }
 
 
