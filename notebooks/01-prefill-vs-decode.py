@@ -162,7 +162,7 @@ course.check(
 # %% [markdown]
 # ## Exercises
 #
-# 1. Switch `MODEL` between `"pdlab-tiny"` and `"pdlab-small"` (about 6x the parameters). Which phase slows down
+# 1. Switch `MODEL` between `"pdlab-tiny"` and `"pdlab-small"` (about 7x the parameters). Which phase slows down
 #    more, and why?
 # 2. Find the batch size at which a decode step at context 128 costs twice a batch-1 step. Compare it with the batch
 #    at which `shape.decode_intensity(batch, 128)` reaches this CPU's ridge point.
