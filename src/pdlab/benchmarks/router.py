@@ -10,7 +10,8 @@ Stand-ins answer instantly (`--token-ms 0`), so what differs between targets is 
 With `profile=True` the pdlab router runs under cProfile (`PDLAB_ROUTER_PROFILE`): its stats are written beside the
 result (`pdlab-router.prof`, readable with `python -m pstats` or snakeviz), and `profile_breakdown` adds where its
 time went, per package and per function, in ms per request. The profiler slows the pdlab router, so a profiled
-run's timings are not its overhead and are never recorded.
+run's timings are not its overhead: `pdlab bench router --profile --record` files it under
+data/results/router-profile/, never beside the overhead records.
 """
 
 from __future__ import annotations

@@ -185,16 +185,11 @@ def _requirements(extras: Iterable[str]) -> list[str]:
     return out
 
 
-def check_packages(extras: Iterable[str] = COURSE_EXTRAS) -> Check:
-    """Every requirement of pdlab (base and `extras`) installed at a version its specifier allows, and none of the
-    CUDA-built packages that break vLLM on CPU torch."""
+def _unmet(requirements: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Of requirement strings, the names not installed, and the installed ones at a version their specifier does
+    not allow (`name version (needs spec)`)."""
     from packaging.requirements import Requirement
 
-    try:
-        requirements = _requirements(extras)
-    except metadata.PackageNotFoundError:
-        return Check("packages", "fail", "pdlab is not installed in this Python", "pdlab and its dependencies",
-                     "Run `make setup` in the checkout, then use .venv/bin/pdlab.")
     missing, wrong = [], []
     for text in requirements:
         req = Requirement(text)
@@ -205,6 +200,18 @@ def check_packages(extras: Iterable[str] = COURSE_EXTRAS) -> Check:
             continue
         if req.specifier and not req.specifier.contains(version, prereleases=True):
             wrong.append(f"{req.name} {version} (needs {req.specifier})")
+    return missing, wrong
+
+
+def check_packages(extras: Iterable[str] = COURSE_EXTRAS) -> Check:
+    """Every requirement of pdlab (base and `extras`) installed at a version its specifier allows, and none of the
+    CUDA-built packages that break vLLM on CPU torch."""
+    try:
+        requirements = _requirements(extras)
+    except metadata.PackageNotFoundError:
+        return Check("packages", "fail", "pdlab is not installed in this Python", "pdlab and its dependencies",
+                     "Run `make setup` in the checkout, then use .venv/bin/pdlab.")
+    missing, wrong = _unmet(requirements)
     broken = []
     for name in BROKEN_ON_CPU_TORCH:
         try:
@@ -233,19 +240,9 @@ def check_lmcache(pins: Iterable[str] | None = None) -> Check:
     """LMCache and the packages it imports on CPU, at their pins. A warning, not a failure: the notebooks run without
     it; the LMCache labs (`labs/local-1p1d-lmcache.yaml`), `pdlab bench push-pull` and the LMCache config checks of
     the cluster tier need it."""
-    from packaging.requirements import Requirement
-
     pins = list(pins or lmcache_requirements())
-    problems = []
-    for text in pins:
-        req = Requirement(text)
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            problems.append(f"{req.name} missing")
-            continue
-        if not req.specifier.contains(version, prereleases=True):
-            problems.append(f"{req.name} {version} (pinned {req.specifier})")
+    missing, wrong = _unmet(pins)
+    problems = [f"{name} missing" for name in missing] + wrong
     need = ", ".join(pins)
     if not problems:
         return Check("LMCache", "ok", f"{pins[0]} and its {len(pins) - 1} CPU dependencies installed", need)
