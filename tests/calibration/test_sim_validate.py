@@ -334,7 +334,7 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     deployment.mkdir(parents=True)
     spec = {"instances": [{"name": "prefill-0", "role": "prefill", "engine": {"max_num_batched_tokens": 512}},
                           {"name": "decode-0", "role": "decode", "engine": {"kv_cache_blocks": 24}}],
-            "model": {"max_model_len": 3072}, "router": {"threshold": 2048}}
+            "model": {"max_model_len": 2048}, "router": {"threshold": 2048}}
     (deployment / "deployment.json").write_text(json.dumps({"spec": spec}))
     (run / "sweep.csv").write_text("scenario,threshold,short_itl_p99_ms\ndisaggregated,1024,20.0\n")
     point = run / "disaggregated@1024"

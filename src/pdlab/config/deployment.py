@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pdlab.config.base import Spec
 from pdlab.config.router import KVProtocol, LMCacheReceiverPorts, RouterSpec
-from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL, VLLM_CPU_BLOCK_SIZE
+from pdlab.settings import DEFAULT_HOST, DEFAULT_KV_CACHE_GIB, DEFAULT_MODEL, VLLM_CPU_BLOCK_SIZE, VLLM_RESERVED_BLOCKS
 
 Role = Literal["prefill", "decode", "colocated"]
 
@@ -44,9 +44,11 @@ class EngineOptions(Spec):
 
     @property
     def kv_cache_block_tokens(self) -> int | None:
-        """`kv_cache_blocks` in tokens (blocks of `block_size`, else vLLM's CPU default); None where unset."""
+        """The tokens `kv_cache_blocks` hold for requests (blocks of `block_size`, else vLLM's CPU default), None
+        where unset. vLLM keeps one block of its pool back (its null block, `BlockPool`), so requests get one block
+        fewer than the override names: 64 blocks of 128 serve 8,064 tokens, and a max_model_len of 8,192 fails."""
         blocks = self.kv_cache_blocks
-        return None if blocks is None else blocks * (self.block_size or VLLM_CPU_BLOCK_SIZE)
+        return None if blocks is None else (blocks - VLLM_RESERVED_BLOCKS) * (self.block_size or VLLM_CPU_BLOCK_SIZE)
     enforce_eager: bool = True
     """Skip torch.compile: it costs 40+ s of warm-up per new shape on 2 cores."""
     extra_args: list[str] = []
@@ -243,7 +245,7 @@ class DeploymentSpec(Spec):
             tokens = inst.engine.kv_cache_block_tokens
             if tokens is not None and (self.model.max_model_len is None or self.model.max_model_len > tokens):
                 raise ValueError(f"instances.{i}.engine.kv_cache_blocks: {inst.engine.kv_cache_blocks} blocks hold "
-                                 f"{tokens:,} tokens; set model.max_model_len to at most that (now "
+                                 f"{tokens:,} tokens for requests (one is vLLM's own); set model.max_model_len to at most that (now "
                                  f"{self.model.max_model_len}), as vLLM will not start with a cache shorter than one "
                                  "context")
         return self
@@ -262,8 +264,9 @@ class DeploymentSpec(Spec):
 
     @property
     def kv_protocol(self) -> KVProtocol:
-        """The router's P/D protocol for this deployment's connector (LMCache pushes, NIXL pulls)."""
-        return "lmcache" if self.connector.kind == "lmcache" else "nixl"
+        """The router's P/D protocol for this deployment's connector (LMCache pushes, NIXL pulls). Colocated
+        instances with LMCache (its CPU tier) have no P/D legs: the router's default, which they never use."""
+        return "lmcache" if self.connector.kind == "lmcache" and self.disaggregated else "nixl"
 
     def by_role(self, role: Role) -> list[InstanceSpec]:
         return [inst for inst in self.instances if inst.role == role]

@@ -53,6 +53,7 @@ def _dig(block: dict | None, path: tuple[str, ...]) -> float | None:
 def print_comparison(run_dir: Path, quick: bool = False) -> None:
     """The headline figures of a run, scenarios side by side, each scenario's short-request ITL p99 and TTFT p99 as
     multiples of the baseline's (the short requests alone), and the verdict in words."""
+    from pdlab.metrics.kv import reuse_line
     from pdlab.report import headline_table, verdict
 
     summary = rundir.read_summary(run_dir)
@@ -73,6 +74,8 @@ def print_comparison(run_dir: Path, quick: bool = False) -> None:
         if kv.get("transfers"):
             console.print(f"{name}: NIXL moved {kv['bytes'] / 2**20:,.1f} MiB of KV cache in {kv['transfers']:g} "
                           f"transfers (mean {kv['mean_xfer_ms']:.1f} ms each), prefill instance -> decode instance")
+        if reuse := reuse_line(kv):
+            console.print(f"{name}: {reuse}")
         if kv.get("preemptions"):
             console.print(f"{name}: vLLM preempted {kv['preemptions']:g} requests: the KV cache ran out, and each "
                           "computed its prompt and tokens again")

@@ -85,9 +85,31 @@ class KVTransferStats:
         """Share of looked-up prompt tokens found in the prefix cache."""
         return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else None
 
+    @property
+    def connector_hit_rate(self) -> float | None:
+        """Share of the prompt tokens vLLM took from its KV connector (LMCache's CPU tier, or a push), where
+        prompt tokens are those looked up in the prefix cache (instances with prefix caching on) or else those it
+        asked the connector about."""
+        prompt = self.prefix_queried_tokens or self.connector_queried_tokens
+        return self.connector_hit_tokens / prompt if prompt else None
+
     def as_dict(self) -> dict:
         return {**asdict(self), "mean_bytes": self.mean_bytes, "mean_xfer_ms": self.mean_xfer_ms,
-                "throughput_mb_s": self.throughput_mb_s, "prefix_hit_rate": self.prefix_hit_rate}
+                "throughput_mb_s": self.throughput_mb_s, "prefix_hit_rate": self.prefix_hit_rate,
+                "connector_hit_rate": self.connector_hit_rate}
+
+
+def reuse_line(kv: dict) -> str | None:
+    """Where a scenario's prompt tokens came from, in words, from its summary's `kv_transfer` block: vLLM's prefix
+    cache, its KV connector (LMCache's CPU tier), or computed. None where it does not apply: no prefix cache
+    (nothing was looked up), or NIXL pulls (prompt tokens counted on both instances of a pair)."""
+    queried = kv.get("prefix_queried_tokens") or 0
+    if not queried or kv.get("transfers"):
+        return None
+    cached, loaded = kv.get("prefix_hit_tokens") or 0, kv.get("connector_hit_tokens") or 0
+    computed = queried - cached - loaded
+    return (f"prompt tokens: {cached / queried:.0%} from vLLM's prefix cache, {loaded / queried:.0%} loaded from "
+            f"LMCache (its KV connector), {computed / queried:.0%} computed ({queried:,.0f} in all)")
 
 
 def parse_kv_transfer(text: str) -> KVTransferStats:
