@@ -149,6 +149,9 @@ COMMANDS: dict[str, Way] = {
                                             expect="Run directory", why=QUICK_RUN_WHY),
     "pdlab run labs/threshold-basis.yaml": Way(_quick_run("labs/threshold-basis.yaml"), "deployment",
                                                expect="Run directory", why=QUICK_RUN_WHY),
+    "pdlab run labs/lmcache-offload.yaml": Way(
+        _quick_run("labs/lmcache-offload.yaml"), "deployment", expect="Run directory",
+        why=QUICK_RUN_WHY + "; tests/lmcache/test_lmcache_offload.py starts its LMCache scenario, on one instance"),
     "pdlab run labs/hol-blocking.yaml --url http://127.0.0.1:8000 --model meta-llama/Llama-3.1-8B-Instruct "
     "--tokenizer tokenizers/llama-3.1-8b --scenario cluster-1p1d": Way(
         "pdlab run labs/hol-blocking.yaml --url {ROUTER} --model {MODEL} --tokenizer {TOKENIZER} "

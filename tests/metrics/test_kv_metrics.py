@@ -7,6 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from pdlab.metrics import KVTransferStats, parse_kv_transfer
+from pdlab.metrics.kv import reuse_line
 
 LABELS = ["model_name", "engine"]
 
@@ -88,3 +89,17 @@ def test_prefix_cache_counters_give_the_hit_rate():
     assert (stats.prefix_queried_tokens, stats.prefix_hit_tokens) == (2000, 800)
     assert stats.prefix_hit_rate == pytest.approx(0.4)
     assert KVTransferStats().prefix_hit_rate is None and "prefix_hit_rate" in stats.as_dict()
+
+
+def test_prompt_tokens_are_split_into_cached_loaded_and_computed():
+    registry, _ = vllm_like_registry()
+    for name, value in (("vllm:prefix_cache_queries", 1000), ("vllm:prefix_cache_hits", 400),
+                        ("vllm:external_prefix_cache_queries", 600), ("vllm:external_prefix_cache_hits", 150)):
+        Counter(name, "tokens", LABELS, registry=registry).labels("pdlab-small", "0").inc(value)
+    kv = parse_kv_transfer(generate_latest(registry).decode()).as_dict()
+    assert kv["connector_hit_rate"] == pytest.approx(0.15)
+    assert reuse_line(kv) == ("prompt tokens: 40% from vLLM's prefix cache, 15% loaded from LMCache (its KV "
+                              "connector), 45% computed (1,000 in all)")
+    # No prefix cache, nothing looked up: no line; NIXL pulls (tokens counted on both instances of a pair): none.
+    assert reuse_line(KVTransferStats().as_dict()) is None
+    assert reuse_line(dict(kv, transfers=3)) is None
