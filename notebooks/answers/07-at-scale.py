@@ -168,8 +168,8 @@ assert 0.8 < wide_limits["1P1D"] / wide_limits["2 colocated"] < 1.25 < limits["6
 # what runs out.
 #
 # vLLM does the same on your machine: replaying two measured runs of `labs/kv-pressure.yaml`, the
-# one with the small cache had 55 requests preempted by vLLM against 62.4 in the simulator (mean of its seeds),
-# the roomy one none in either <!-- cite data/results/sim-preemption/20261204-avx2-host/validation.json:
+# one with the small cache had 55 requests preempted by vLLM against 57.6 in the simulator (mean of its seeds),
+# the roomy one none in either <!-- cite data/results/sim-validation/20261205-200837.json:
 # runs.1.preemptions.measured, runs.1.preemptions.simulated -->.
 
 # %%

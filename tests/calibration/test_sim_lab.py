@@ -171,8 +171,8 @@ def test_a_cache_set_in_blocks_is_each_pools_own_and_the_preemptions_are_counted
     lab = load_lab(LABS / "kv-pressure.yaml")
     model_dir = resolve(lab.scenarios["roomy"].model.name, make=False)
     points = {p.name: p.spec for p in lab_points(lab, lab_requests(lab, model_dir=model_dir, quick=True))}
-    assert points["tight"].engine.kv_cache_tokens == 24 * 128 and points["roomy"].engine.kv_cache_tokens is None
-    assert points["tight_pd"].engine_for("decode").kv_cache_tokens == 24 * 128
+    assert points["tight"].engine.kv_cache_tokens == 23 * 128 and points["roomy"].engine.kv_cache_tokens is None
+    assert points["tight_pd"].engine_for("decode").kv_cache_tokens == 23 * 128
     assert points["tight_pd"].engine_for("prefill").kv_cache_tokens is None  # the prefill instance keeps 1 GiB
     slow = str(repo_root() / "data/results/sim-profiles/pdlab-small-fitted-speed-20261204-104958.json")
     result = CliRunner().invoke(app, ["sim", "lab", str(LABS / "kv-pressure.yaml"), "--profile", slow,

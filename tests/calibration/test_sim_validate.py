@@ -353,7 +353,7 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     # each instance's own engine: the prefill instance's budget, the decode instance's vLLM default
     assert replayed.engine_for("prefill").max_num_batched_tokens == 512
     assert replayed.engine_for("decode").max_num_batched_tokens == VLLM_CPU_MAX_NUM_BATCHED_TOKENS
-    assert replayed.engine_for("decode").kv_cache_tokens == 24 * 128  # set in blocks of vLLM's CPU size
+    assert replayed.engine_for("decode").kv_cache_tokens == 23 * 128  # set in blocks of vLLM's CPU size, less vLLM's null block
     assert replayed.engine_for("prefill").kv_cache_tokens is None  # the prefill instance kept its 1 GiB
 
 
@@ -457,14 +457,14 @@ def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(t
 
 
 def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions() -> None:
-    """data/results/sim-preemption/ records `pdlab sim validate` of two runs of labs/kv-pressure.yaml (a roomy
-    cache, and one of 24 blocks that vLLM ran out of): replaying them gives the recorded numbers again (the
+    """data/results/sim-validation/20261205-200837.json and -200839.json record `pdlab sim validate` of two runs of
+    labs/kv-pressure.yaml (a roomy cache, and one of 24 blocks, 23 of them for requests, that vLLM ran out of): replaying them gives the recorded numbers again (the
     simulator is seeded), the roomy cache preempts nothing on either side, and the tight one preempts in the
     simulator within a quarter of what vLLM's counter says."""
     from pdlab.settings import repo_root
 
     root = repo_root()
-    recorded = json.loads((root / "data/results/sim-preemption/20261204-avx2-host/validation.json").read_text())
+    recorded = json.loads((root / "data/results/sim-validation/20261205-200837.json").read_text())
     runs = [root / r["run"] for r in recorded["runs"]]
     pooled = [root / p for r in recorded["runs"] for p in r.get("pooled", [])]
     again = validate_runs(runs, resolve_profile(root / recorded["profile"]), model=recorded["model"],
@@ -473,7 +473,7 @@ def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions()
     assert again["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
     roomy, tight = again["runs"]
     assert roomy["simulated"]["engine"]["kv_cache_tokens"] is None
-    assert tight["simulated"]["engine"]["kv_cache_tokens"] == 24 * 128
+    assert tight["simulated"]["engine"]["kv_cache_tokens"] == 23 * 128
     assert roomy["preemptions"] == {"measured": 0, "simulated": 0}
     assert tight["preemptions"]["measured"] > 0
     assert tight["preemptions"]["simulated"] == pytest.approx(tight["preemptions"]["measured"], rel=0.25)
@@ -481,14 +481,14 @@ def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions()
     assert tight["errors"]["short.ttft_ms.p50"]["simulated"] > 10 * roomy["errors"]["short.ttft_ms.p50"]["simulated"]
 
     # The P/D pair with the small cache on its decode instance, which preempts requests whose KV it read as well.
-    recorded = json.loads((root / "data/results/sim-preemption/20261204-avx2-host/validation-pd.json").read_text())
+    recorded = json.loads((root / "data/results/sim-validation/20261205-200839.json").read_text())
     [run] = recorded["runs"]
     again = validate_runs([root / run["run"]], resolve_profile(root / recorded["profile"]), model=recorded["model"],
                           pooled=[root / p for p in run["pooled"]], seeds=recorded["seeds"])
     assert again["median_error_pct"] == pytest.approx(recorded["median_error_pct"], rel=1e-6)
     [pd] = again["runs"]
     assert (pd["simulated"]["pools"]["prefill"], pd["simulated"]["pools"]["decode"]) == (1, 1)
-    assert pd["simulated"]["engine"]["kv_cache_tokens"] == 24 * 128
+    assert pd["simulated"]["engine"]["kv_cache_tokens"] == 23 * 128
     assert pd["simulated"]["prefill_engine"]["kv_cache_tokens"] is None
     assert pd["preemptions"]["measured"] > 0
     assert pd["preemptions"]["simulated"] == pytest.approx(pd["preemptions"]["measured"], rel=0.25)
