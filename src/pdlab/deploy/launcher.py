@@ -32,7 +32,7 @@ from pdlab.config.router import RouterSpec, RouterUpstreams
 from pdlab.deploy import state
 from pdlab.deploy.guard import GROUPS_FILE, ipc_dir
 from pdlab.deploy.plan import InstancePlan, PlanError, check_ports_free, plan_deployment, served_model_name
-from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree
+from pdlab.deploy.process import ManagedProcess, deprioritize_spinning_threads, pin_process_tree, stop_together
 from pdlab.lmcache import figures
 from pdlab.lmcache.push import PushListener
 from pdlab.pdrequest import decode_body, lmcache_kv_params, prefill_body
@@ -411,9 +411,9 @@ class Deployment:
         (see `attach`) is left running."""
         if not self._owned:
             return
-        processes = ([self.router] if self.router else []) + [inst.process for inst in reversed(self.instances)]
-        for proc in processes:
-            proc.stop()
+        if self.router:
+            self.router.stop()  # first: no request reaches an instance that is going away
+        stop_together([inst.process for inst in self.instances])  # at once: each vLLM takes seconds to go
         self._groups_file.unlink(missing_ok=True)
         if self._guard is not None:
             self._guard.stop(timeout_s=5)

@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,52 @@ def group_members(pgid: int) -> list[psutil.Process]:
 def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0, graceful: bool = True) -> None:
     """Stop process group `pgid` whose leader was created at `create_time` (guards against a recycled pid):
     SIGTERM, then SIGKILL after `timeout_s`; with `graceful=False`, SIGKILL at once."""
+    stop_groups([(pgid, create_time)], timeout_s, graceful)
+
+
+def stop_groups(groups: Sequence[tuple[int, float | None]], timeout_s: float = 20.0, graceful: bool = True) -> None:
+    """`stop_group` for several groups at once: every member of every group is signalled, then all are waited for
+    together. A vLLM instance takes seconds to shut down; one group after another, a deployment's stop took the sum
+    of its instances'."""
+    found = [(pgid, _members(pgid, create_time)) for pgid, create_time in groups]
+    everyone = [proc for _, members in found for proc in members]
+    if not everyone:
+        return
+    first = signal.SIGTERM if graceful else signal.SIGKILL
+    for pgid, members in found:
+        if members:
+            _signal_all(pgid, members, first)
+    alive = wait_exited(everyone, timeout_s if graceful else 5)
+    if alive and graceful:
+        for pgid, members in found:
+            if left := [proc for proc in members if proc in alive]:
+                _signal_all(pgid, left, signal.SIGKILL)
+        wait_exited(alive, 5)
+
+
+def wait_exited(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every one of `procs` has exited; returns those still running after `timeout_s`. A zombie counts
+    as exited: its memory, cores and ports are free, and reaping it is its parent's business. (An orphan's parent
+    is the machine's init, which can take seconds to reap: in some containers ~2 s per process, which
+    `psutil.wait_procs`, waiting for the pid to vanish, added to every stop.)"""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [proc for proc in procs if _running(proc)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _members(pgid: int, create_time: float | None) -> list[psutil.Process]:
+    """Group `pgid`'s processes, and its leader's descendants that left it (when the leader is still the one
+    created at `create_time`)."""
     try:
         leader = psutil.Process(pgid)
         if create_time is not None and abs(leader.create_time() - create_time) > 0.01:
@@ -171,17 +217,18 @@ def stop_group(pgid: int, create_time: float | None, timeout_s: float = 20.0, gr
     if leader is not None:
         with contextlib.suppress(psutil.NoSuchProcess):
             members += [c for c in leader.children(recursive=True) if c not in members]
-    if not members:
-        return
-    if not graceful:
-        _signal_all(pgid, members, signal.SIGKILL)
-        psutil.wait_procs(members, timeout=5)
-        return
-    _signal_all(pgid, members, signal.SIGTERM)
-    _, alive = psutil.wait_procs(members, timeout=timeout_s)
-    if alive:
-        _signal_all(pgid, alive, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=5)
+    return members
+
+
+def stop_together(procs: Sequence[ManagedProcess], timeout_s: float = 20.0) -> None:
+    """Stop several managed processes at once (`stop_groups`), then forget them as `ManagedProcess.stop` does."""
+    groups = [(proc.pid, proc.create_time) for proc in procs if proc.popen is not None or proc._adopted_pid is not None]
+    stop_groups(groups, timeout_s)
+    for proc in procs:
+        if proc.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=1)
+        _unregister(proc)
 
 
 def pin_process_tree(pid: int, cores: list[int]) -> list[int]:

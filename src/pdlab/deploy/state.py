@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from pdlab.deploy.guard import GROUPS_FILE, ipc_dir
-from pdlab.deploy.process import stop_group
+from pdlab.deploy.process import stop_group, stop_groups
 from pdlab.settings import state_dir
 
 if TYPE_CHECKING:
@@ -67,9 +67,12 @@ def any_alive(record: dict[str, Any]) -> bool:
 
 
 def stop(record: dict[str, Any]) -> None:
-    """Stop every process group of a recorded deployment, router first, then its guard, then forget it."""
-    for entry in record["processes"][::-1]:
+    """Stop every process group of a recorded deployment, router first, then its instances at once (each vLLM takes
+    seconds to go), then its guard, then forget it."""
+    routers = [p for p in record["processes"] if p.get("role") == "router"]
+    for entry in routers:
         stop_group(entry["pid"], entry["create_time"])
+    stop_groups([(p["pid"], p["create_time"]) for p in record["processes"] if p not in routers])
     (Path(record["run_dir"]) / GROUPS_FILE).unlink(missing_ok=True)  # the guard's list: it exits
     if guard := record.get("guard"):
         stop_group(guard["pid"], guard["create_time"], timeout_s=5)
