@@ -353,7 +353,8 @@ def test_a_sweep_point_runs_on_its_scenarios_deployment_with_the_swept_threshold
     # each instance's own engine: the prefill instance's budget, the decode instance's vLLM default
     assert replayed.engine_for("prefill").max_num_batched_tokens == 512
     assert replayed.engine_for("decode").max_num_batched_tokens == VLLM_CPU_MAX_NUM_BATCHED_TOKENS
-    assert replayed.engine_for("decode").kv_cache_tokens == 23 * 128  # set in blocks of vLLM's CPU size, less vLLM's null block
+    # Set in blocks of vLLM's CPU size, less the block vLLM keeps back.
+    assert replayed.engine_for("decode").kv_cache_tokens == 23 * 128
     assert replayed.engine_for("prefill").kv_cache_tokens is None  # the prefill instance kept its 1 GiB
 
 
@@ -458,9 +459,9 @@ def test_a_replay_routes_as_the_run_did_and_refuses_a_run_that_cached_prefixes(t
 
 def test_the_recorded_kv_pressure_validation_reproduces_with_vllms_preemptions() -> None:
     """data/results/sim-validation/20261205-200837.json and -200839.json record `pdlab sim validate` of two runs of
-    labs/kv-pressure.yaml (a roomy cache, and one of 24 blocks, 23 of them for requests, that vLLM ran out of): replaying them gives the recorded numbers again (the
-    simulator is seeded), the roomy cache preempts nothing on either side, and the tight one preempts in the
-    simulator within a quarter of what vLLM's counter says."""
+    labs/kv-pressure.yaml (a roomy cache, and one of 24 blocks, 23 of them for requests, that vLLM ran out of):
+    replaying them gives the recorded numbers again (the simulator is seeded), the roomy cache preempts nothing on
+    either side, and the tight one preempts in the simulator within a quarter of what vLLM's counter says."""
     from pdlab.settings import repo_root
 
     root = repo_root()

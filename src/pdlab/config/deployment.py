@@ -245,9 +245,9 @@ class DeploymentSpec(Spec):
             tokens = inst.engine.kv_cache_block_tokens
             if tokens is not None and (self.model.max_model_len is None or self.model.max_model_len > tokens):
                 raise ValueError(f"instances.{i}.engine.kv_cache_blocks: {inst.engine.kv_cache_blocks} blocks hold "
-                                 f"{tokens:,} tokens for requests (one is vLLM's own); set model.max_model_len to at most that (now "
-                                 f"{self.model.max_model_len}), as vLLM will not start with a cache shorter than one "
-                                 "context")
+                                 f"{tokens:,} tokens for requests (one block is vLLM's own); set model.max_model_len "
+                                 f"to at most that (now {self.model.max_model_len}), as vLLM will not start with a "
+                                 "cache shorter than one context")
         return self
 
     def _check_lmcache_pd(self) -> None:
