@@ -147,6 +147,9 @@ COMMANDS: dict[str, Way] = {
                                                expect="Run directory", why=QUICK_RUN_WHY),
     "pdlab run labs/fault-drills.yaml": Way(_quick_run("labs/fault-drills.yaml"), "deployment",
                                             expect="Run directory", why=QUICK_RUN_WHY),
+    "pdlab run labs/fault-drills-lmcache.yaml": Way(
+        _quick_run("labs/fault-drills-lmcache.yaml"), "deployment", expect="Run directory",
+        why=QUICK_RUN_WHY + " (its events are its scenario's: at an endpoint there is no instance to kill)"),
     "pdlab run labs/threshold-basis.yaml": Way(_quick_run("labs/threshold-basis.yaml"), "deployment",
                                                expect="Run directory", why=QUICK_RUN_WHY),
     "pdlab run labs/lmcache-offload.yaml": Way(
