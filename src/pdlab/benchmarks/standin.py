@@ -105,6 +105,21 @@ def build_app(args: argparse.Namespace) -> Starlette:
             for server in servers:
                 server.close()
 
+    notifier: dict[str, Any] = {}
+
+    async def notify(req_id: str) -> None:
+        """LMCache's proxy notification (pdlab.lmcache.push): report that `req_id`'s push has landed."""
+        import zmq
+        import zmq.asyncio
+
+        from pdlab.lmcache.push import encode_notification
+
+        if "socket" not in notifier:
+            notifier["socket"] = zmq.asyncio.Context.instance().socket(zmq.PUSH)
+            notifier["socket"].setsockopt(zmq.LINGER, 0)
+            notifier["socket"].connect(f"tcp://{args.lmcache_notify}")
+        await notifier["socket"].send(encode_notification(req_id))
+
     async def push_kv(spec: dict[str, Any], key: str) -> str | None:
         """Send the prompt's KV to the receiver named in `spec`, rank i to its i-th ports; None or what failed."""
         for rank in range(args.tp):
@@ -173,6 +188,8 @@ def build_app(args: argparse.Namespace) -> Starlette:
                 return error(400, f"{where}: {why}", param=where)
             if (failure := await push_kv(kv_in["disagg_spec"], key)) is not None:
                 return error(500, failure, "internal_server_error")
+            if args.lmcache_notify:
+                await notify(kv_in["disagg_spec"]["req_id"])
             record["kv"] = "sent"
         elif args.lmcache_role == "receiver" and pushed_on_every_rank(key):
             remote_prefilled = True
@@ -320,6 +337,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="play LMCache's P/D protocol: `sender` (prefill: needs a disagg_spec, pushes KV) or "
                              "`receiver` (decode: takes pushes on its LMCache ports)")
     parser.add_argument("--tp", type=int, default=1, help="sender: GPU ranks that each push to their receiver port")
+    parser.add_argument("--lmcache-notify", default=None, metavar="HOST:PORT",
+                        help="sender: report each push there once it landed (LMCache's pd_proxy_host/port)")
     parser.add_argument("--lmcache-init-ports", type=_ports, default=[],
                         help="receiver: pd_peer_init_port list, comma-separated")
     parser.add_argument("--lmcache-alloc-ports", type=_ports, default=[],

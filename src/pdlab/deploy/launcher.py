@@ -336,7 +336,10 @@ class Deployment:
             task = progress.add_task("warming up: a first request per instance", total=len(self.instances) + len(pairs))
             body = {"model": self.served_model, "prompt": prompt, "max_tokens": 2, "temperature": 0.0}
             for inst in self.instances:
-                _warm_post(client, inst.url, body, f"the warm-up request to {inst.name}")
+                # A stand-in LMCache sender refuses a request without a disagg_spec, as LMCache's own sender fails
+                # on one; pdlab's connector serves it (pdlab.lmcache.connector), so a real sender is warmed up too.
+                if not (self.stand_ins and self.spec.kv_protocol == "lmcache" and inst.spec.role == "prefill"):
+                    _warm_post(client, inst.url, body, f"the warm-up request to {inst.name}")
                 progress.advance(task)
             for prefill, decode in pairs:
                 progress.update(task, description=f"warming up: a first KV transfer {prefill.name} -> {decode.name}")

@@ -204,9 +204,22 @@ def stand_in_argv(spec: DeploymentSpec, inst: InstanceSpec, python: str = sys.ex
     """pdlab's stand-in OpenAI server in place of vLLM for `inst`: the same endpoints, P/D protocol and metrics
     names, no model, up in a second. For drills of what surrounds the engine (router, launcher, load), never for
     measurements of serving."""
-    return [python, "-m", "pdlab.benchmarks.standin", "--host", inst.host, "--port", str(inst.port),
+    argv = [python, "-m", "pdlab.benchmarks.standin", "--host", inst.host, "--port", str(inst.port),
             "--model", served_model_name(spec), "--name", inst.name, "--token-ms", str(STAND_IN_TOKEN_MS),
             "--prefill-us-per-token", str(STAND_IN_PREFILL_US_PER_TOKEN)]
+    if spec.kv_protocol == "lmcache" and inst.role != "colocated":
+        # LMCache's P/D played by the stand-ins: the same ports and report address as the instances' LMCache
+        # configs (lmcache_config below), so the router speaks to them as to LMCache.
+        lm = spec.connector.lmcache
+        if inst.role == "prefill":
+            argv += ["--lmcache-role", "sender"]
+            if spec.router is not None:
+                argv += ["--lmcache-notify", f"{spec.router.host}:{lm.notify_port}"]
+        else:
+            ports = lm.receiver_ports(1)
+            argv += ["--lmcache-role", "receiver", "--lmcache-init-ports", ",".join(map(str, ports.init_ports)),
+                     "--lmcache-alloc-ports", ",".join(map(str, ports.alloc_ports))]
+    return argv
 
 
 def lmcache_config(spec: DeploymentSpec, inst: InstanceSpec, index: int, model_dir: str) -> dict | None:
