@@ -1,6 +1,7 @@
 """The fault drills (labs/fault-drills.yaml, labs/fault-drills-lmcache.yaml) in quick form: the real launcher, guard,
 router and load generator, with stand-in servers in place of vLLM (what is drilled is everything around the
-engine). Every scenario must lose no request, and each drill must have happened (the router's log shows the breakers it tripped)."""
+engine). Every scenario must lose no request, and each drill must have happened (the router's log shows the
+breakers it tripped)."""
 
 from __future__ import annotations
 
