@@ -42,7 +42,7 @@ from pdlab import course
 MODEL = course.choose("pdlab-small", "pdlab-tiny")  # the served model (ignored when $PDLAB_ATTACH names one)
 LENGTHS = course.choose([128, 256, 512, 1024, 2048, 4000], [256, 4000])  # "long" prompt lengths to try (tokens)
 RATE = course.choose(1.5, 1.5)  # requests per second
-DURATION_S = course.choose(30, 12)  # seconds of load per (length, path)
+DURATION_S = course.choose(30, 9)  # seconds of load per (length, path)
 LONG_FRACTION = course.choose(0.25, 0.3)  # share of prompts of length L
 TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.1  # for the attainment column
 

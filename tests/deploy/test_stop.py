@@ -15,9 +15,12 @@ from pdlab.deploy.process import stop_groups, wait_exited
 
 #: A process that takes `SLOW_S` to shut down on SIGTERM, as a vLLM instance takes seconds.
 SLOW_S = 1.5
+#: (A group is signalled as a group and each member again, as insurance: the second SIGTERM must not start a second
+#: shutdown, which would measure two.)
 SLOW = [sys.executable, "-c", "import signal, sys, time\n"
-        f"signal.signal(signal.SIGTERM, lambda *_: (time.sleep({SLOW_S}), sys.exit(0)))\n"
-        "print('ready', flush=True)\ntime.sleep(600)"]
+        "def bye(*_):\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"    time.sleep({SLOW_S})\n    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)"]
 
 
 def start_slow() -> subprocess.Popen:
