@@ -7,15 +7,15 @@ KV connector, not inferred; what vLLM computed from the loaded KV is compared wi
 
 from __future__ import annotations
 
-import httpx
 import pytest
 import yaml
 
 from pdlab.deploy import Deployment
 from pdlab.lmcache import figures
 from pdlab.load.prompts import PromptBuilder
-from pdlab.settings import REQUEST_ID_HEADER
 from tests.conftest import REPO, TEST_MODEL, pdlab_down, run_pdlab
+from tests.lmcache.test_lmcache_pd import answer
+from tests.lmcache.test_lmcache_pd import complete as pd_complete
 
 pytestmark = pytest.mark.e2e
 
@@ -41,12 +41,8 @@ def lab_file(folder) -> str:
 
 
 def complete(url: str, prompt: str, request_id: str) -> tuple[list[int], list[float]]:
-    body = {"model": TEST_MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0.0, "ignore_eos": True,
-            "logprobs": 1, "return_token_ids": True}
-    response = httpx.post(url + "/v1/completions", json=body, headers={REQUEST_ID_HEADER: request_id}, timeout=120)
-    assert response.status_code == 200, response.text
-    choice = response.json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    """A greedy completion's token ids and logprobs (the P/D test's request, shorter)."""
+    return answer(pd_complete(url, prompt, request_id, max_tokens=12))
 
 
 def test_lmcache_cpu_tier_serves_a_repeated_prefix_as_vllm_computes_it(tmp_path):
