@@ -33,7 +33,7 @@ def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.y
             as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Simulate what `pdlab run LAB.yaml` would measure (each scenario, sweep value and the baseline) on the same
     schedule, in seconds: a preview of the lab, and what `pdlab sim validate` later compares the run with."""
-    from pdlab.calibration.lab import lab_profile, simulate_lab
+    from pdlab.calibration.lab import lab_profile, simulate_lab, unsimulated
     from pdlab.config import load_lab
     from pdlab.experiment.lab import LabError
     from pdlab.model import ModelError, resolve
@@ -67,6 +67,8 @@ def lab_cmd(lab_path: Path = typer.Argument(..., help="A lab spec YAML (labs/*.y
     if preempted := {name: point["preemptions"] for name, point in points.items() if point.get("preemptions")}:
         console.print("requests preempted (KV cache full), mean of the seeds: "
                       + ", ".join(f"{name} {count:.1f}" for name, count in preempted.items()))
+    for name, why in unsimulated(lab, scenario or ()).items():
+        console.print(f"{name}: not simulated ({why}).")
     events = " Timed events (instance kills) are not simulated." if lab.experiment.events else ""
     console.print(f"simulated in {time.perf_counter() - start:.1f} s; measure it with `pdlab run {lab_path}`, then "
                   f"compare with `pdlab sim validate runs/{lab.name}/RUN/SCENARIO ...`.{events}")

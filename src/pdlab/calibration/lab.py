@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pdlab.calibration.validate import CPU_ENGINE_DEFAULTS, seed_mean
+from pdlab.calibration.validate import CPU_ENGINE_DEFAULTS, NOT_SIMULATED, seed_mean
 from pdlab.config.lab import LabSpec
 from pdlab.config.sim import SimRequestSpec, SimSpec, SimWorkload
 from pdlab.config.workload import MixedWorkload
@@ -105,14 +105,26 @@ def _block_size(lab: LabSpec) -> int:
     return sizes.pop()
 
 
+def unsimulated(lab: LabSpec, only: Sequence[str] = ()) -> dict[str, str]:
+    """The lab's scenarios (of `only`, where given) the simulator leaves out, and why."""
+    return {name: NOT_SIMULATED[spec.connector.kind] for name, spec in lab.scenarios.items()
+            if spec.connector.kind in NOT_SIMULATED and (not only or name in only)}
+
+
 def lab_points(lab: LabSpec, requests: Sequence[SimRequestSpec], *, profile: str = DEFAULT_LAB_PROFILE,
                only: Sequence[str] = ()) -> list[SimulatedPoint]:
-    """What `pdlab run` measures (`LabSpec.points`), in its order, each as a sim spec on the local loopback link."""
+    """What `pdlab run` measures (`LabSpec.points`), in its order, each as a sim spec on the local loopback link;
+    scenarios the simulator does not model (`unsimulated`) are left out."""
     _needs_scenarios(lab)
     try:
         points = lab.points(only)
     except ValueError as error:
         raise LabError(str(error)) from None
+    left_out = unsimulated(lab, only)
+    points = [point for point in points if point.scenario not in left_out]
+    if not points:
+        raise LabError(f"nothing to simulate in lab {lab.name!r}: "
+                       + "; ".join(f"{name}: {why}" for name, why in left_out.items()))
     everything = SimWorkload(requests=list(requests))
     # As `pdlab run` measures the baseline: the same schedule without the long requests.
     shorts = SimWorkload(requests=[r for r in requests if r.cls != "long"])

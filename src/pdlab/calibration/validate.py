@@ -140,6 +140,11 @@ def read_run(run_dir: Path) -> tuple[list[MeasuredRequest], dict]:
     return rows, summary
 
 
+#: Why the simulator leaves a deployment out, by its KV connector: it models vLLM's NixlConnector, whose decode
+#: instance pulls the KV when the decode request arrives (a read a busy CPU sender serves between its steps).
+NOT_SIMULATED = {"lmcache": "LMCache pushes the KV right after prefill; the simulator models NIXL's pull only"}
+
+
 def deployment_of(rows: list[MeasuredRequest], summary: dict) -> DeploymentSpec:
     """The deployment a run ran on: the one it recorded (a pdlab run's), else, for a run from elsewhere, one
     colocated instance or a P/D pair (by its `scenario` or its requests' paths) behind its summary's router."""
@@ -225,11 +230,14 @@ def replay_of(run_dir: Path, profile: Path, *, model: str, threshold: int | None
     """A measured run ready to replay: its requests, at their times, on the simulated twin of its deployment
     (`threshold` and `budget`, where given, replace its router threshold and every engine's token budget)."""
     rows, summary = read_run(run_dir)
+    deployment = deployment_of(rows, summary)
+    if deployment.connector.kind in NOT_SIMULATED:
+        raise ValueError(f"{run_dir}: not simulated: {NOT_SIMULATED[deployment.connector.kind]}")
     origin = min(r.start for r in rows)
     requests = sorted((SimRequestSpec(at_s=r.start - origin, prompt_tokens=r.prompt_tokens,
                                       output_tokens=r.output_tokens, cls=r.cls) for r in rows),
                       key=lambda request: request.at_s)
-    spec = SimSpec.for_deployment(deployment_of(rows, summary), SimWorkload(requests=requests), name=run_dir.name,
+    spec = SimSpec.for_deployment(deployment, SimWorkload(requests=requests), name=run_dir.name,
                                   model=model, profile=str(profile), dtype_bytes=4, link={"name": "local-loopback"},
                                   engine_defaults=CPU_ENGINE_DEFAULTS)
     spec = _overridden(spec, threshold, budget)

@@ -71,6 +71,9 @@ class ExperimentSpec(Spec):
     """Failure drills during the load."""
     quick_duration_s: float = Field(default=20.0, gt=0)
     """Load duration used by `--quick` runs (tests, notebooks in CI)."""
+    demo_scenarios: list[str] = []
+    """The scenarios `pdlab demo` runs of this lab (the demo lab's headline; `pdlab run` runs them all). Empty:
+    all."""
 
 
 #: The point of the short requests measured alone, on the baseline scenario's deployment.
@@ -131,6 +134,10 @@ class LabSpec(Spec):
                                  f"scenarios {sorted(self.scenarios)}")
             if swept.router is None:
                 raise ValueError(f"experiment.sweep.scenario: the swept scenario {name!r} needs a `router`")
+        for name in exp.demo_scenarios:
+            if name not in self.scenarios:
+                raise ValueError(f"experiment.demo_scenarios: {name!r} is not one of the scenarios "
+                                 f"{sorted(self.scenarios)}")
         for i, event in enumerate(exp.events):
             names = {inst.name for spec in self.scenarios.values() for inst in spec.instances}
             if event.instance not in names:

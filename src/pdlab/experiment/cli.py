@@ -53,7 +53,7 @@ def _dig(block: dict | None, path: tuple[str, ...]) -> float | None:
 def print_comparison(run_dir: Path, quick: bool = False) -> None:
     """The headline figures of a run, scenarios side by side, each scenario's short-request ITL p99 and TTFT p99 as
     multiples of the baseline's (the short requests alone), and the verdict in words."""
-    from pdlab.metrics.kv import reuse_line
+    from pdlab.metrics.kv import lmcache_line, reuse_line
     from pdlab.report import headline_table, verdict
 
     summary = rundir.read_summary(run_dir)
@@ -76,6 +76,8 @@ def print_comparison(run_dir: Path, quick: bool = False) -> None:
                           f"transfers (mean {kv['mean_xfer_ms']:.1f} ms each), prefill instance -> decode instance")
         if reuse := reuse_line(kv):
             console.print(f"{name}: {reuse}")
+        if pushed := lmcache_line(kv):
+            console.print(f"{name}: {pushed}")
         if kv.get("preemptions"):
             console.print(f"{name}: vLLM preempted {kv['preemptions']:g} requests: the KV cache ran out, and each "
                           "computed its prompt and tokens again")
@@ -150,13 +152,15 @@ def demo(
     record: bool = typer.Option(False, help="Also copy summary and environment to data/results/hol-blocking/<run>/."),
 ) -> None:
     """The lab's headline: short requests freeze behind long prompts when colocated, and flow when prefill and
-    decode are disaggregated. Runs labs/hol-blocking.yaml (about 11 minutes on 2 cores)."""
+    decode are disaggregated. Runs labs/hol-blocking.yaml's headline scenarios (its `experiment.demo_scenarios`;
+    about 11 minutes on 2 cores); `pdlab run labs/hol-blocking.yaml` runs them all."""
     from pdlab.deploy import DeployError
     from pdlab.experiment.lab import LabError, run_lab
 
     spec = _load(labs_dir() / DEMO_LAB)
     try:
-        run_dir = run_lab(spec, quick=quick, run_dir=out, console=console)
+        run_dir = run_lab(spec, quick=quick, run_dir=out, console=console,
+                          only=spec.experiment.demo_scenarios or None)
     except (LabError, DeployError, FileExistsError) as error:
         raise _fail(error) from None
     _report(run_dir, record, quick, DEMO_NEXT)

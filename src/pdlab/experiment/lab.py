@@ -82,12 +82,13 @@ def size_workload(workload: MixedWorkload, url: str, model: str, model_dir: str 
 
 
 def _sizing_url(dep: Deployment) -> str:
-    """An instance that prefills and takes a plain request: colocated first, else a NIXL prefill instance."""
+    """An instance that prefills and takes a plain request: colocated first, else a NIXL prefill instance, else
+    an LMCache decode instance (an LMCache sender must not get a plain request; the receiver prefills on a core of
+    its own as the sender does, and serves short prompts plainly anyway)."""
     if dep.urls("colocated"):
         return dep.urls("colocated")[0]
     if dep.spec.connector.kind == "lmcache":
-        raise LabError("size a `prefill_load` workload on a scenario with a colocated or NIXL prefill instance first "
-                       "(an LMCache sender instance must not get a plain request)")
+        return dep.urls("decode")[0]
     return dep.urls("prefill")[0]
 
 

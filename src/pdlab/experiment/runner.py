@@ -19,10 +19,10 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import pandas as pd
@@ -38,8 +38,9 @@ from pdlab.load.prompts import PromptBuilder
 from pdlab.load.rows import read_rows
 from pdlab.load.run import run_load
 from pdlab.load.schedule import Workload, build_schedule, write_schedule
+from pdlab.lmcache import figures as lmcache_figures
 from pdlab.metrics.kv import KVTransferStats, scrape_kv_transfer
-from pdlab.metrics.latency import DEFAULT_STALL_K
+from pdlab.metrics.latency import DEFAULT_STALL_K, completed
 from pdlab.metrics.summary import build_summary
 from pdlab.report.html import write_report
 
@@ -50,8 +51,18 @@ class DeploymentLike(Protocol):
     router_url: str | None
     served_model: str
     model_dir: Path
+    instances: Sequence[Any]
+    """Its instances (`pdlab.deploy.launcher.RunningInstance`: spec, log_path, lmcache)."""
+    stand_ins: bool
 
     def urls(self, role: str) -> list[str]: ...
+
+
+def _pd_prompts(rows: pd.DataFrame) -> dict[str, int]:
+    """The completed requests the router sent through prefill -> decode: request id -> prompt tokens."""
+    done = completed(rows)
+    done = done[done["path"] == "disaggregated"]
+    return {str(rid): int(tokens) for rid, tokens in zip(done["request_id"], done["prompt_tokens"], strict=True)}
 
 
 def _scrape_or_none(url: str) -> KVTransferStats | None:
@@ -99,13 +110,16 @@ class ExperimentRun:
 
     def measure(self, scenario: str, base_url: str, *, model: str, model_dir: str | Path, baseline: bool = False,
                 kv_urls: Sequence[str] = (), workload: Workload | None = None, stop: threading.Event | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                on_progress: Callable[[int, int], None] | None = None,
+                lmcache_logs: Mapping[str, Sequence[Path]] | None = None) -> pd.DataFrame:
         """Send the workload at `base_url` (router or instance) and record it as `scenario`. With `baseline`,
         long requests are left out of the same schedule (short and probe requests keep their times): the
         short requests alone, for comparison. `kv_urls` are instances whose NIXL figures are scraped before and
         after. `workload` replaces the run's workload for this scenario (e.g. one rate of a sweep; it is saved
         as `<scenario>/workload.json`). `stop` and `on_progress` go to `run_load` (a widget's Cancel button and
-        progress bar). Returns the raw rows."""
+        progress bar). `lmcache_logs`: an LMCache P/D deployment's instance logs by role (`prefill`: senders,
+        `decode`: receivers); what LMCache pushed and loaded for the load's P/D requests goes into the scenario's
+        KV figures (`lmcache`). Returns the raw rows."""
         if scenario in self.scheduled:
             raise ValueError(f"scenario {scenario!r} was already measured in this run")
         out = self.dir / scenario
@@ -120,6 +134,8 @@ class ExperimentRun:
         self.scheduled[scenario] = len(schedule)
         schedule_path = write_schedule(schedule, out / rundir.SCHEDULE)
         before = {url: _scrape_or_none(url) for url in kv_urls}
+        log_ends = {role: {path: lmcache_figures.log_end(path) for path in paths}
+                    for role, paths in (lmcache_logs or {}).items()}
         result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
                           timeout_s=workload.timeout_s, progress=self.progress, label=scenario, stop=stop,
                           on_progress=on_progress)
@@ -130,6 +146,9 @@ class ExperimentRun:
             moved = sum((after[url] - before[url] for url in counted), KVTransferStats())  # type: ignore[operator]
             self.kv[scenario] = {"instances": counted, "unreachable": sorted(set(kv_urls) - set(counted)),
                                  **moved.as_dict()}
+            if log_ends:
+                self.kv[scenario]["lmcache"] = lmcache_figures.pd_account(
+                    _pd_prompts(read_rows(result.rows_path)), log_ends.get("prefill", {}), log_ends.get("decode", {}))
             rundir.write_json(out / rundir.KV, self.kv[scenario])
         self.write_summary()
         return read_rows(result.rows_path)
@@ -142,8 +161,12 @@ class ExperimentRun:
         if target is None:
             raise ValueError(f"deployment for {scenario!r} has no router and no instance to send to")
         kv_urls = deployment.urls("decode") + deployment.urls("prefill") + deployment.urls("colocated")
+        lmcache_logs: dict[str, list[Path]] = {}
+        for inst in [] if deployment.stand_ins else deployment.instances:  # stand-ins log no LMCache lines
+            if inst.lmcache is not None:
+                lmcache_logs.setdefault(inst.spec.role, []).append(inst.log_path)
         rows = self.measure(scenario, target, model=deployment.served_model, model_dir=deployment.model_dir,
-                            baseline=baseline, kv_urls=kv_urls)
+                            baseline=baseline, kv_urls=kv_urls, lmcache_logs=lmcache_logs)
         source = Path(getattr(deployment, "run_dir", "")) / rundir.DEPLOYMENT.name
         if baseline and source.is_file():
             # The baseline borrows another scenario's deployment: say which, as every scenario does (the simulator's

@@ -44,8 +44,18 @@ SCENARIO_SCHEMA: dict[str, Any] = {
         "requests": REQUESTS_SCHEMA,
         "by_path": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["requests", "ttft_ms", "itl_ms"],
-            "properties": {"ttft_ms": PERCENTILES_SCHEMA, "itl_ms": PERCENTILES_SCHEMA}}},
+            "properties": {"ttft_ms": PERCENTILES_SCHEMA, "itl_ms": PERCENTILES_SCHEMA,
+                           "after_prefill_ms": PERCENTILES_SCHEMA}}},
     },
+}
+
+#: An LMCache P/D scenario's pushes and loads, per request, from LMCache's own log lines (pdlab.lmcache.figures).
+LMCACHE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["disaggregated", "pushed", "pushed_tokens", "loaded", "loaded_tokens", "loaded_in_full",
+                 "recomputed"],
+    "properties": {name: _COUNT for name in ("disaggregated", "pushed", "pushed_tokens", "loaded", "loaded_tokens",
+                                             "loaded_in_full", "recomputed")},
 }
 
 SUMMARY_SCHEMA: dict[str, Any] = {
@@ -61,7 +71,8 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "stall_k": {"type": "number"},
         "scenarios": {"type": "object", "additionalProperties": SCENARIO_SCHEMA},
         "baseline": {"oneOf": [SCENARIO_SCHEMA, {"type": "null"}]},
-        "kv_transfer": {"type": "object"},
+        "kv_transfer": {"type": "object", "additionalProperties": {
+            "type": "object", "properties": {"lmcache": LMCACHE_SCHEMA}}},
     },
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -130,14 +131,48 @@ _STORED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Stored (?P<n>\
 _RETRIEVED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Retrieved (?P<n>\d+) out of \d+ required")
 
 
-def logged_tokens(log_path: str | Path) -> dict[str, dict[str, int]]:
+def logged_tokens(log_path: str | Path, since: int = 0) -> dict[str, dict[str, int]]:
     """Per request (by the x-request-id it was sent with): the tokens LMCache logged as `stored` (on a P/D sender:
-    pushed) and `retrieved` (loaded into vLLM) in one instance's log. At once and per request, where the
-    counters lag and add up."""
+    pushed) and `retrieved` (loaded into vLLM) in one instance's log, from byte `since` on (`log_end` before a
+    load). At once and per request, where the counters lag and add up."""
     found: dict[str, dict[str, int]] = {}
-    for line in Path(log_path).read_text(errors="replace").splitlines():
+    with open(log_path, "rb") as log:
+        log.seek(since)
+        text = log.read().decode(errors="replace")
+    for line in text.splitlines():
         for what, pattern in (("stored", _STORED), ("retrieved", _RETRIEVED)):
             if match := pattern.search(line):
                 counts = found.setdefault(match["rid"], {"stored": 0, "retrieved": 0})
                 counts[what] += int(match["n"])
     return found
+
+
+def log_end(log_path: str | Path) -> int:
+    """Where an instance's log ends now: `logged_tokens(path, since=...)` then reads only what comes after."""
+    path = Path(log_path)
+    return path.stat().st_size if path.exists() else 0
+
+
+def pd_account(prompts: Mapping[str, int], sender_logs: Mapping[Path, int],
+               receiver_logs: Mapping[Path, int]) -> dict[str, int]:
+    """What LMCache's P/D did for these requests (the completed ones the router sent through prefill -> decode:
+    x-request-id -> prompt tokens), from its own log lines: how many it pushed from a sender and the tokens
+    pushed; how many a receiver loaded, the tokens loaded, and how many it loaded in full (every prompt token but
+    the last, which vLLM computes to sample from); the rest the decode instance recomputed, in part or whole.
+    Each log is read from the offset it maps to (`log_end` before the load)."""
+
+    def merged(logs: Mapping[Path, int], what: str) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for path, since in logs.items():
+            for rid, counts in logged_tokens(path, since).items():
+                total[rid] = total.get(rid, 0) + counts[what]
+        return total
+
+    pushed, loaded = merged(sender_logs, "stored"), merged(receiver_logs, "retrieved")
+    full = sum(1 for rid, tokens in prompts.items() if loaded.get(rid, 0) >= tokens - 1)
+    return {"disaggregated": len(prompts),
+            "pushed": sum(1 for rid in prompts if pushed.get(rid)),
+            "pushed_tokens": sum(pushed.get(rid, 0) for rid in prompts),
+            "loaded": sum(1 for rid in prompts if loaded.get(rid)),
+            "loaded_tokens": sum(loaded.get(rid, 0) for rid in prompts),
+            "loaded_in_full": full, "recomputed": len(prompts) - full}

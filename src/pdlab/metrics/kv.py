@@ -112,6 +112,17 @@ def reuse_line(kv: dict) -> str | None:
             f"LMCache (its KV connector), {computed / queried:.0%} computed ({queried:,.0f} in all)")
 
 
+def lmcache_line(kv: dict) -> str | None:
+    """What LMCache's P/D did in a scenario, in words, from its `kv_transfer` block's `lmcache` account
+    (pdlab.lmcache.figures.pd_account); None where LMCache did not move the KV."""
+    pd_ = kv.get("lmcache")
+    if not pd_:
+        return None
+    return (f"LMCache pushed the KV of {pd_['pushed']} of {pd_['disaggregated']} prompts sent through prefill -> "
+            f"decode ({pd_['pushed_tokens']:,} tokens) right after their prefill; the decode instance loaded "
+            f"{pd_['loaded_in_full']} of them in full and recomputed {pd_['recomputed']} (LMCache's log lines)")
+
+
 def parse_kv_transfer(text: str) -> KVTransferStats:
     """Sum vLLM's NIXL metrics over every label set (engines, models) in a Prometheus text exposition.
     Metrics that are absent (no NixlConnector, or no transfer yet) count as zero."""

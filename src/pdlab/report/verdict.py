@@ -4,8 +4,8 @@
         print(line)
 
 A scenario plays a part by its name: `colocated` (the default scheduler), `colocated_chunked` (chunked prefill
-tuned), `disaggregated` (prefill and decode apart, NIXL), and any other `disaggregated_*` (another KV transport);
-`baseline` is the short requests alone. Missing parts are left out of the sentences, never invented.
+tuned), `disaggregated` (prefill and decode apart, NIXL), and any other `disaggregated_*` (another KV transport;
+`disaggregated_lmcache`, LMCache's push, is set against NIXL's pull); `baseline` is the short requests alone. Missing parts are left out of the sentences, never invented.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ PARTS = {
     "colocated": "colocated",
     "colocated_chunked": "chunked prefill",
     "disaggregated": "disaggregated",
+    "disaggregated_lmcache": "disaggregated, LMCache's push",
 }
 
 
@@ -55,7 +56,7 @@ def verdict(summary: dict) -> list[str]:
     base_ttft = _get(alone, "short", "ttft_ms", "p99")
 
     parts = [name for name in PARTS if name in scenarios] + sorted(
-        name for name in scenarios if name.startswith("disaggregated_"))
+        name for name in scenarios if name.startswith("disaggregated_") and name not in PARTS)
     for name in parts:
         block = scenarios[name]
         words = PARTS.get(name, name.replace("_", " "))
@@ -70,7 +71,20 @@ def verdict(summary: dict) -> list[str]:
     colocated, split = scenarios.get("colocated"), scenarios.get("disaggregated")
     if colocated is not None and split is not None:
         lines.append(_price(colocated, split, summary))
+    pushed = scenarios.get("disaggregated_lmcache")
+    if split is not None and pushed is not None:
+        lines.append(_push_pull(split, pushed))
     return lines
+
+
+def _push_pull(pulled: dict, pushed: dict) -> str:
+    """NIXL's pull against LMCache's push: how long after prefill's answer the long prompts' first token came, and
+    their TTFT."""
+    after = [_get(block, "by_path", "disaggregated", "after_prefill_ms", "p50") for block in (pushed, pulled)]
+    ttft = [_get(block, "long", "ttft_ms", stat) for stat in ("p50", "p99") for block in (pushed, pulled)]
+    return (f"push against pull: the long prompts' first token came {_ms(after[0])} after prefill's answer with "
+            f"LMCache's push, {_ms(after[1])} with NIXL's pull (medians); their TTFT p50 {_ms(ttft[0])} vs "
+            f"{_ms(ttft[1])}, p99 {_ms(ttft[2])} vs {_ms(ttft[3])}.")
 
 
 def _price(colocated: dict, split: dict, summary: dict) -> str:
