@@ -181,3 +181,29 @@ def test_a_cache_set_in_blocks_is_each_pools_own_and_the_preemptions_are_counted
     found = json.loads(result.output)["points"]
     assert found["roomy"]["preemptions"] == 0
     assert found["tight"]["preemptions"] > 0 and found["tight_pd"]["preemptions"] > 0
+
+
+def test_lmcache_scenarios_are_left_out_of_the_simulation_and_say_why(small_model, tmp_path):
+    """The simulator models NIXL's pull: a lab's LMCache scenario is left out by `pdlab sim lab`, which says so,
+    asked for alone it is refused, and a run measured on LMCache is not replayed as if NIXL had moved its KV."""
+    from pdlab.calibration.lab import unsimulated
+    from pdlab.calibration.validate import replay_of
+    from pdlab.experiment.lab import LabError
+    from pdlab.load import rundir
+    from pdlab.load.rows import rows_frame
+
+    lab = load_lab(repo_root() / "labs" / "hol-blocking.yaml")
+    assert set(unsimulated(lab)) == {"disaggregated_lmcache"}
+    assert "pull" in unsimulated(lab)["disaggregated_lmcache"]
+    requests = lab_requests(lab, model_dir=small_model, quick=True)
+    assert [p.name for p in lab_points(lab, requests)] == ["colocated", "baseline", "colocated_chunked", "disaggregated"]
+    with pytest.raises(LabError, match="nothing to simulate.*disaggregated_lmcache: LMCache pushes"):
+        lab_points(lab, requests, only=["disaggregated_lmcache"])
+    run = tmp_path / "disaggregated_lmcache"
+    (run / "deployment").mkdir(parents=True)
+    rows_frame([{"request_id": "r1", "cls": "long", "token_times": [1.0, 1.1], "prompt_tokens": 512,
+                 "max_tokens": 2, "path": "disaggregated"}]).to_csv(run / rundir.ROWS, index=False)
+    spec = lab.scenarios["disaggregated_lmcache"].model_dump(mode="json")
+    (run / rundir.DEPLOYMENT).write_text(json.dumps({"spec": spec}))
+    with pytest.raises(ValueError, match="not simulated: LMCache pushes"):
+        replay_of(run, Path("unused.json"), model="pdlab-small")

@@ -49,6 +49,43 @@ def test_a_verdict_leaves_out_what_the_run_did_not_measure():
     assert len(lines) == 1 and "(- alone)" in lines[0]
 
 
+def test_the_verdict_sets_lmcaches_push_against_nixls_pull():
+    def pd_block(after50: float, long50: float, long99: float) -> dict:
+        return {**block(30, 60, 0.0, 40, long50, long99),
+                "by_path": {"disaggregated": {"after_prefill_ms": {"p50": after50}}}}
+
+    summary = {"scenarios": {"disaggregated": pd_block(1626, 5143, 9100),
+                             "disaggregated_lmcache": pd_block(75, 4074, 8130)}, "baseline": None}
+    lines = verdict(summary)
+    assert lines[0].startswith("disaggregated:") and lines[1].startswith("disaggregated, LMCache's push:")
+    assert len(lines) == 3, "each scenario once, then the comparison"
+    assert lines[2] == ("push against pull: the long prompts' first token came 75 ms after prefill's answer with "
+                        "LMCache's push, 1.63 s with NIXL's pull (medians); their TTFT p50 4.07 s vs 5.14 s, p99 "
+                        "8.13 s vs 9.10 s.")
+    del summary["scenarios"]["disaggregated"]
+    assert not any(line.startswith("push against pull") for line in verdict(summary))
+
+
+def test_the_demo_runs_its_labs_headline_and_pdlab_run_all_of_it():
+    """`pdlab demo` runs the demo lab's `experiment.demo_scenarios` (the quick demo in make test checks what it
+    ran); the LMCache scenario is the lab's, for `pdlab run`. A name that is not a scenario is refused by field."""
+    from pdlab.config import load_lab, parse_lab
+    from pdlab.experiment.cli import DEMO_LAB
+    from pdlab.settings import labs_dir
+
+    lab = load_lab(labs_dir() / DEMO_LAB)
+    assert lab.experiment.demo_scenarios == ["colocated", "colocated_chunked", "disaggregated"]
+    assert "disaggregated_lmcache" in lab.scenarios
+    assert lab.scenarios["disaggregated_lmcache"].connector.kind == "lmcache"
+    # beside the NIXL one: the same cores, model and router
+    nixl, pushed = lab.scenarios["disaggregated"], lab.scenarios["disaggregated_lmcache"]
+    assert [(i.role, i.cores) for i in nixl.instances] == [(i.role, i.cores) for i in pushed.instances]
+    assert nixl.model == pushed.model and nixl.router == pushed.router
+    text = (labs_dir() / DEMO_LAB).read_text().replace("demo_scenarios: [colocated,", "demo_scenarios: [coloc,")
+    with pytest.raises(ConfigError, match="experiment.demo_scenarios"):
+        parse_lab(text, source="hol-blocking")
+
+
 def test_the_readme_table_comes_from_the_record_and_is_checked_against_it(tmp_path):
     table = headline_markdown(SUMMARY)
     lines = table.splitlines()

@@ -80,8 +80,10 @@ def test_lmcache_pd_behind_the_router_decodes_pushed_kv_as_one_instance_computes
         # vLLM took the whole prompt but its last token from LMCache (it computes that one to sample from it).
         assert figures.connector_hit_tokens(decode_url) - taken == 999
         # LMCache's own account: the sender pushed all 1,000 tokens, the receiver loaded them.
-        assert figures.logged_tokens(dep.instance("prefill-0").log_path)["pd-routed"]["stored"] == 1000
-        assert figures.logged_tokens(dep.instance("decode-0").log_path)["pd-routed"]["retrieved"] == 1000
+        pushed = figures.logged_tokens(dep.instance("prefill-0").log_path)["pd-routed"]
+        loaded = figures.logged_tokens(dep.instance("decode-0").log_path)["pd-routed"]
+        assert pushed["stored"] == 1000 and loaded["retrieved"] == 1000
+        assert pushed["stored_ms"] > 0 and loaded["retrieved_ms"] > 0  # the time LMCache logs for each (its format)
 
         # A short prompt goes straight to the decode instance.
         short = complete(dep.router_url, PromptBuilder(dep.model_dir).prompt(50, "lmcache-short"), "pd-short", 4)

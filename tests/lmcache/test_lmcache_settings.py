@@ -222,3 +222,39 @@ def test_push_listener_for_the_warm_up():
         sender.send(encode_notification("warm-up"))
         assert listener.wait_for("warm-up", 5)
         assert not listener.wait_for("never", 0.2)
+
+
+# --- LMCache's own account of a load's pushes and loads ---------------------------------------------------------
+
+#: Log lines as LMCache 0.5.6 writes them (copied from a run of labs/hol-blocking.yaml's LMCache scenario); the
+#: real format is checked against a live deployment in tests/lmcache/test_lmcache_pd.py.
+STORED_LINE = ("\x1b[32;20m[2026-12-05 23:14:20,272] LMCache INFO:\x1b[0m [req_id=cmpl-{rid}-0-880b65be] Stored {n} "
+               "out of total {n} tokens. size: 0.0078 GB, cost {ms} ms, throughput: 2.2983 GB/s; offload_time: "
+               "2.9381 ms, put_time: 0.4208 ms \x1b[3m(cache_engine.py:588:lmcache.v1.cache_engine)\x1b[0m\n")
+RETRIEVED_LINE = ("\x1b[32;20m[2026-12-05 23:14:20,659] LMCache INFO:\x1b[0m [req_id=cmpl-{rid}-0-b4d2d97d] Retrieved "
+                  "{n} out of {n} required tokens (from {n} total tokens). size: 0.0078 gb, cost {ms} ms, throughput: "
+                  "2.6724 GB/s; \x1b[3m(cache_engine.py:985:lmcache.v1.cache_)\x1b[0m\n")
+
+
+def test_a_loads_pushes_and_loads_are_counted_per_request_from_lmcaches_log(tmp_path):
+    """Only the lines written during the load count (an earlier request with the same id does not); a request
+    loaded in part counts as recomputed; one with no line at all neither pushed nor loaded."""
+    from pdlab.lmcache.figures import log_end, pd_account
+
+    sender, receiver = tmp_path / "prefill-0.log", tmp_path / "decode-0.log"
+    sender.write_text(STORED_LINE.format(rid="r00001", n=512, ms=99.0))  # the warm-up's, before the load
+    receiver.write_text(RETRIEVED_LINE.format(rid="r00001", n=512, ms=99.0))
+    since = {sender: log_end(sender)}, {receiver: log_end(receiver)}
+    with sender.open("a") as log:
+        for rid, n, ms in (("r00001", 512, 3.0), ("r00002", 2048, 57.0), ("r00003", 512, 5.0)):
+            log.write(STORED_LINE.format(rid=rid, n=n, ms=ms))
+    with receiver.open("a") as log:
+        for rid, n, ms in (("r00001", 512, 2.0), ("r00002", 2048, 31.0), ("r00003", 256, 1.0)):
+            log.write(RETRIEVED_LINE.format(rid=rid, n=n, ms=ms))
+    prompts = {"r00001": 512, "r00002": 2048, "r00003": 512, "r00004": 600}
+    account = pd_account(prompts, *since)
+    assert account == {"disaggregated": 4, "pushed": 3, "pushed_tokens": 3072, "push_ms": {"median": 5.0, "max": 57.0},
+                       "loaded": 3, "loaded_tokens": 2816, "load_ms": {"median": 2.0, "max": 31.0},
+                       "loaded_in_full": 2, "recomputed": 2}
+    # read from the start, the warm-up's lines would count too
+    assert pd_account({"r00001": 512}, {sender: 0}, {receiver: 0})["pushed_tokens"] == 1024

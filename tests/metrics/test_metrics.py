@@ -162,3 +162,15 @@ def test_each_request_has_its_worst_gap_and_a_class_counts_requests_that_stalled
     # A stalled once, C never: one of the two requests that had a gap to stall in
     assert short["stalled"] == {"requests": 1, "of": 2, "share": 0.5}
     assert scenario_summary(timeline())["probe"]["stalled"] == {"requests": 0, "of": 0, "share": None}
+
+
+def test_pd_requests_time_after_prefill_is_their_first_token_less_the_routers_prefill_time():
+    rows = rows_frame([
+        {"request_id": "P1", "cls": "long", "token_times": [1.5, 1.6], "path": "disaggregated", "prefill_ms": "1200"},
+        {"request_id": "P2", "cls": "long", "token_times": [0.9, 1.0], "path": "disaggregated", "prefill_ms": 850.0},
+        {"request_id": "S", "cls": "short", "token_times": [0.1, 0.2], "path": "direct", "prefill_ms": ""},
+    ])
+    by_path = scenario_summary(rows)["by_path"]
+    after = by_path["disaggregated"]["after_prefill_ms"]
+    assert after["count"] == 2 and after["max"] == pytest.approx(300.0) and after["p50"] == pytest.approx(175.0)
+    assert "after_prefill_ms" not in by_path["direct"]  # no prefill leg, nothing to subtract

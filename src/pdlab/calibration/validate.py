@@ -229,10 +229,11 @@ def replay_of(run_dir: Path, profile: Path, *, model: str, threshold: int | None
               budget: int | None = None) -> Replay:
     """A measured run ready to replay: its requests, at their times, on the simulated twin of its deployment
     (`threshold` and `budget`, where given, replace its router threshold and every engine's token budget)."""
+    connector = (rundir.point_deployment(run_dir).get("connector") or {}).get("kind")
+    if connector in NOT_SIMULATED:
+        raise ValueError(f"{run_dir}: not simulated: {NOT_SIMULATED[connector]}")
     rows, summary = read_run(run_dir)
     deployment = deployment_of(rows, summary)
-    if deployment.connector.kind in NOT_SIMULATED:
-        raise ValueError(f"{run_dir}: not simulated: {NOT_SIMULATED[deployment.connector.kind]}")
     origin = min(r.start for r in rows)
     requests = sorted((SimRequestSpec(at_s=r.start - origin, prompt_tokens=r.prompt_tokens,
                                       output_tokens=r.output_tokens, cls=r.cls) for r in rows),

@@ -52,10 +52,13 @@ SCENARIO_SCHEMA: dict[str, Any] = {
 #: An LMCache P/D scenario's pushes and loads, per request, from LMCache's own log lines (pdlab.lmcache.figures).
 LMCACHE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["disaggregated", "pushed", "pushed_tokens", "loaded", "loaded_tokens", "loaded_in_full",
-                 "recomputed"],
-    "properties": {name: _COUNT for name in ("disaggregated", "pushed", "pushed_tokens", "loaded", "loaded_tokens",
-                                             "loaded_in_full", "recomputed")},
+    "required": ["disaggregated", "pushed", "pushed_tokens", "push_ms", "loaded", "loaded_tokens", "load_ms",
+                 "loaded_in_full", "recomputed"],
+    "properties": {**{name: _COUNT for name in ("disaggregated", "pushed", "pushed_tokens", "loaded",
+                                                "loaded_tokens", "loaded_in_full", "recomputed")},
+                   **{name: {"type": "object", "required": ["median", "max"],
+                             "properties": {"median": _NUMBER_OR_NULL, "max": _NUMBER_OR_NULL}}
+                      for name in ("push_ms", "load_ms")}},
 }
 
 SUMMARY_SCHEMA: dict[str, Any] = {

@@ -13,10 +13,12 @@ vLLM took from its KV connector instead of computing them (see pdlab.metrics.kv)
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -125,25 +127,31 @@ def settled_figures(urls: list[str], timeout_s: float = 3 * FOLD_INTERVAL_S) -> 
     return last
 
 
-#: LMCache's log lines for one request's store (a push, on a sender) and load, as LMCache 0.5 writes them; vLLM
-#: names the request `cmpl-<x-request-id>-<n>-<suffix>`.
-_STORED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Stored (?P<n>\d+) out of total \d+ tokens")
-_RETRIEVED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Retrieved (?P<n>\d+) out of \d+ required")
+#: LMCache's log lines for one request's store (a push, on a sender) and load, as LMCache 0.5 writes them, with
+#: the time LMCache took (`cost`: a store's copy out of vLLM's cache and its put, the push on a P/D sender; a load's
+#: copy into vLLM's cache); vLLM names the request `cmpl-<x-request-id>-<n>-<suffix>`.
+_STORED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Stored (?P<n>\d+) out of total \d+ tokens"
+                     r"(?:.*? cost (?P<ms>[\d.]+) ms)?")
+_RETRIEVED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Retrieved (?P<n>\d+) out of \d+ required"
+                        r"(?:.*? cost (?P<ms>[\d.]+) ms)?")
 
 
-def logged_tokens(log_path: str | Path, since: int = 0) -> dict[str, dict[str, int]]:
+def logged_tokens(log_path: str | Path, since: int = 0) -> dict[str, dict[str, float]]:
     """Per request (by the x-request-id it was sent with): the tokens LMCache logged as `stored` (on a P/D sender:
-    pushed) and `retrieved` (loaded into vLLM) in one instance's log, from byte `since` on (`log_end` before a
-    load). At once and per request, where the counters lag and add up."""
-    found: dict[str, dict[str, int]] = {}
+    pushed) and `retrieved` (loaded into vLLM) in one instance's log, and the milliseconds it logged for each
+    (`stored_ms`, `retrieved_ms`), from byte `since` on (`log_end` before a load). At once and per request, where
+    the counters lag and add up."""
+    found: dict[str, dict[str, float]] = {}
     with open(log_path, "rb") as log:
         log.seek(since)
         text = log.read().decode(errors="replace")
     for line in text.splitlines():
         for what, pattern in (("stored", _STORED), ("retrieved", _RETRIEVED)):
             if match := pattern.search(line):
-                counts = found.setdefault(match["rid"], {"stored": 0, "retrieved": 0})
+                counts = found.setdefault(match["rid"], {"stored": 0, "retrieved": 0, "stored_ms": 0.0,
+                                                         "retrieved_ms": 0.0})
                 counts[what] += int(match["n"])
+                counts[f"{what}_ms"] += float(match["ms"] or 0.0)
     return found
 
 
@@ -154,25 +162,31 @@ def log_end(log_path: str | Path) -> int:
 
 
 def pd_account(prompts: Mapping[str, int], sender_logs: Mapping[Path, int],
-               receiver_logs: Mapping[Path, int]) -> dict[str, int]:
+               receiver_logs: Mapping[Path, int]) -> dict[str, Any]:
     """What LMCache's P/D did for these requests (the completed ones the router sent through prefill -> decode:
-    x-request-id -> prompt tokens), from its own log lines: how many it pushed from a sender and the tokens
-    pushed; how many a receiver loaded, the tokens loaded, and how many it loaded in full (every prompt token but
-    the last, which vLLM computes to sample from); the rest the decode instance recomputed, in part or whole.
-    Each log is read from the offset it maps to (`log_end` before the load)."""
+    x-request-id -> prompt tokens), from its own log lines: how many it pushed from a sender, the tokens pushed and
+    the time LMCache logged per push (`push_ms`: median and max); how many a receiver loaded, the tokens loaded,
+    the time per load (`load_ms`), and how many it loaded in full (every prompt token but the last, which vLLM
+    computes to sample from); the rest the decode instance recomputed, in part or whole. Each log is read from
+    the offset it maps to (`log_end` before the load)."""
 
-    def merged(logs: Mapping[Path, int], what: str) -> dict[str, int]:
-        total: dict[str, int] = {}
+    def merged(logs: Mapping[Path, int], what: str) -> dict[str, tuple[int, float]]:
+        total: dict[str, tuple[int, float]] = {}
         for path, since in logs.items():
             for rid, counts in logged_tokens(path, since).items():
-                total[rid] = total.get(rid, 0) + counts[what]
+                tokens, ms = total.get(rid, (0, 0.0))
+                total[rid] = (tokens + int(counts[what]), ms + counts[f"{what}_ms"])
         return total
 
+    def times(done: dict[str, tuple[int, float]]) -> dict[str, float | None]:
+        ms = sorted(done[rid][1] for rid in prompts if done.get(rid, (0, 0.0))[0])
+        return {"median": statistics.median(ms) if ms else None, "max": ms[-1] if ms else None}
+
     pushed, loaded = merged(sender_logs, "stored"), merged(receiver_logs, "retrieved")
-    full = sum(1 for rid, tokens in prompts.items() if loaded.get(rid, 0) >= tokens - 1)
+    full = sum(1 for rid, tokens in prompts.items() if loaded.get(rid, (0, 0.0))[0] >= tokens - 1)
     return {"disaggregated": len(prompts),
-            "pushed": sum(1 for rid in prompts if pushed.get(rid)),
-            "pushed_tokens": sum(pushed.get(rid, 0) for rid in prompts),
-            "loaded": sum(1 for rid in prompts if loaded.get(rid)),
-            "loaded_tokens": sum(loaded.get(rid, 0) for rid in prompts),
+            "pushed": sum(1 for rid in prompts if pushed.get(rid, (0, 0.0))[0]),
+            "pushed_tokens": sum(pushed.get(rid, (0, 0.0))[0] for rid in prompts), "push_ms": times(pushed),
+            "loaded": sum(1 for rid in prompts if loaded.get(rid, (0, 0.0))[0]),
+            "loaded_tokens": sum(loaded.get(rid, (0, 0.0))[0] for rid in prompts), "load_ms": times(loaded),
             "loaded_in_full": full, "recomputed": len(prompts) - full}
