@@ -34,7 +34,10 @@
 #
 # To be fair, all three get the same two cores and the same load: the demo lab, `labs/hol-blocking.yaml` (what
 # `pdlab demo` runs). Its *time to first token* (TTFT) and ITL figures are read per class: *short* requests are
-# streaming chats, *long* ones are documents to read.
+# streaming chats, *long* ones are documents to read. The lab has a fourth scenario, `disaggregated_lmcache`: the
+# same pair with LMCache pushing the KV right after prefill instead of the decode instance pulling it through NIXL.
+# Like `pdlab demo`, this notebook runs the three above (`lab.experiment.demo_scenarios`); push against pull is
+# measured in `docs/lmcache.md`.
 
 # %% tags=["parameters"]
 from pdlab import course
@@ -67,14 +70,14 @@ lab.workload
 #
 # `run_lab` brings each scenario's deployment up in turn on the same two cores, sends the same schedule, and
 # writes a run directory (`runs/hol-blocking/<time>/`: the raw rows, a summary, an HTML report). From a terminal,
-# `pdlab run labs/hol-blocking.yaml` does the same. It takes a few minutes: each deployment starts in about half a
-# minute, then the load runs.
+# `pdlab demo` does the same (a run `$PDLAB_RUN` names is read instead). It takes a few minutes: each deployment
+# starts in about half a minute, then the load runs.
 
 # %%
 from pdlab.experiment.lab import run_lab
 from pdlab.experiment.runner import read_run
 
-run = course.shared_run(lab) or read_run(run_lab(lab, duration_s=DURATION_S))  # a run $PDLAB_RUN names, else now
+run = course.shared_run(lab) or read_run(run_lab(lab, duration_s=DURATION_S, only=lab.experiment.demo_scenarios))
 print(f"run directory: {run.dir}")
 
 # %% [markdown]

@@ -112,6 +112,9 @@ COMMANDS: dict[str, Way] = {
         "`make demo` above"),
     "pdlab run labs/hol-blocking.yaml": Way("pdlab run labs/hol-blocking.yaml --quick", "same",
                                             why="the same lab, run above with its quick flags"),
+    "pdlab run labs/hol-blocking.yaml --only disaggregated --only disaggregated_lmcache": Way(
+        "pdlab run labs/hol-blocking.yaml --quick", "same",
+        why="the same lab: its LMCache scenario runs above with quick flags, its NIXL one in `make demo`"),
     "make test": Way("make -n test", "make", expect="pytest",
                      why="make test is what runs this test; a dry run checks it sets up and runs pytest"),
     "make setup": Way("make setup", "make", why=AS_WRITTEN),
