@@ -196,7 +196,8 @@ def test_lmcache_scenarios_are_left_out_of_the_simulation_and_say_why(small_mode
     assert set(unsimulated(lab)) == {"disaggregated_lmcache"}
     assert "pull" in unsimulated(lab)["disaggregated_lmcache"]
     requests = lab_requests(lab, model_dir=small_model, quick=True)
-    assert [p.name for p in lab_points(lab, requests)] == ["colocated", "baseline", "colocated_chunked", "disaggregated"]
+    names = [p.name for p in lab_points(lab, requests)]
+    assert names == ["colocated", "baseline", "colocated_chunked", "disaggregated"]
     with pytest.raises(LabError, match="nothing to simulate.*disaggregated_lmcache: LMCache pushes"):
         lab_points(lab, requests, only=["disaggregated_lmcache"])
     run = tmp_path / "disaggregated_lmcache"

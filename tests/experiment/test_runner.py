@@ -136,6 +136,8 @@ def test_the_baseline_records_the_deployment_it_borrowed(tmp_path):
         run_dir: Path
         served_model: str = "pdlab-standin"
         model_dir: Path = field(default_factory=lambda: resolve("pdlab-tiny"))
+        instances: list = field(default_factory=list)
+        stand_ins: bool = True
 
         def urls(self, role: str) -> list[str]:
             return []

@@ -33,12 +33,12 @@ from rich.console import Console
 from pdlab.config.lab import BASELINE
 from pdlab.config.workload import WorkloadSpec
 from pdlab.environment import capture
+from pdlab.lmcache import figures as lmcache_figures
 from pdlab.load import rundir
 from pdlab.load.prompts import PromptBuilder
 from pdlab.load.rows import read_rows
 from pdlab.load.run import run_load
 from pdlab.load.schedule import Workload, build_schedule, write_schedule
-from pdlab.lmcache import figures as lmcache_figures
 from pdlab.metrics.kv import KVTransferStats, scrape_kv_transfer
 from pdlab.metrics.latency import DEFAULT_STALL_K, completed
 from pdlab.metrics.summary import build_summary

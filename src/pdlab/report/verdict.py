@@ -5,7 +5,8 @@
 
 A scenario plays a part by its name: `colocated` (the default scheduler), `colocated_chunked` (chunked prefill
 tuned), `disaggregated` (prefill and decode apart, NIXL), and any other `disaggregated_*` (another KV transport;
-`disaggregated_lmcache`, LMCache's push, is set against NIXL's pull); `baseline` is the short requests alone. Missing parts are left out of the sentences, never invented.
+`disaggregated_lmcache`, LMCache's push, is set against NIXL's pull); `baseline` is the short requests alone.
+Missing parts are left out of the sentences, never invented.
 """
 
 from __future__ import annotations
