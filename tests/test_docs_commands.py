@@ -547,6 +547,18 @@ def test_pdlab_demo_is_what_make_demo_runs() -> None:
 @pytest.mark.parametrize("command", _by_need("vllm"))
 def test_command_that_starts_vllm(command: str, values: dict[str, str]) -> None:
     _run(command, values)
+    # A lab run: every request it sent completed and, where LMCache moved the KV, every prompt sent through
+    # prefill -> decode was pushed and loaded whole (no silent recompute), by LMCache's own account.
+    for summary_path in Path(values["{OUT}"]).glob("*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        for name, block in summary["scenarios"].items():
+            assert block["requests"]["completed"] == block["requests"]["sent"] > 0, (name, block["requests"])
+        for name, kv in summary["kv_transfer"].items():
+            if "lmcache" in kv:
+                account = kv["lmcache"]
+                assert account["disaggregated"] > 0, f"{name}: no prompt went through prefill -> decode"
+                assert account["pushed"] == account["loaded_in_full"] == account["disaggregated"], (name, account)
+                assert account["recomputed"] == 0, (name, account)
     leftovers = [p.cmdline() for p in pdlab_processes("vllm.entrypoints") if "--port 817" in " ".join(p.cmdline())]
     assert not leftovers, f"`{command}` left vLLM running: {leftovers}"
 
