@@ -104,6 +104,16 @@ def test_one_decode_instance_per_machine_and_its_ports_are_the_routers():
     data["instances"].append({"name": "decode-1", "role": "decode", "cores": [1], "kv_cache_gib": 1})
     with pytest.raises(PlanError, match="one decode instance per machine"):
         local_plans(validate(DeploymentSpec, data))
+    # A node is a machine of its own (tests/lmcache/test_lmcache_replicas.py runs this): one decode per node is fine,
+    # two on one node are not.
+    data["nodes"] = [{"name": "p"}, {"name": "a"}, {"name": "b"}]
+    data["link"] = {"mbps": 1000}
+    for inst, node in zip(data["instances"], ("p", "a", "b"), strict=True):
+        inst["node"] = node
+    assert len(local_plans(validate(DeploymentSpec, data))) == 3
+    data["instances"][2]["node"] = "a"
+    with pytest.raises(PlanError, match="node 'a' has 2"):
+        local_plans(validate(DeploymentSpec, data))
 
 
 def test_lmcache_ports_are_checked_free():

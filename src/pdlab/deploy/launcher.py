@@ -273,7 +273,7 @@ class Deployment:
         plans = self._plan(model_dir, lab, check_ports=False)
         router = None
         if self.spec.router is not None:
-            router = router_command(self._router_spec(), self._upstreams(plans, model_dir))
+            router = router_command(self._router_spec(), self._upstreams(plans, model_dir, lab))
         return DryRun(plans, router, lab.describe() if lab is not None else None, notes)
 
     def _plan(self, model_dir: str, lab: netlab.NetLab | None, check_ports: bool = True) -> list[InstancePlan]:
@@ -287,12 +287,13 @@ class Deployment:
             spec = spec.model_copy(update={"instances": [
                 inst.model_copy(update={"host": address(inst.node)}) if inst.node else inst
                 for inst in spec.instances]})
-        plans = plan_deployment(spec, model_dir, stand_ins=self.stand_ins, sockets=ipc_dir(self.run_dir))
+        plans = plan_deployment(spec, model_dir, stand_ins=self.stand_ins, sockets=ipc_dir(self.run_dir),
+                                notify_host=self._notify_host(lab))
         if check_ports:
             loopback = [p for p in plans if p.spec.node is None or lab is None]
             router_ports = [("router", spec.router.host, spec.router.port)] if spec.router else []
             if spec.router and spec.connector.kind == "lmcache":
-                router_ports.append(("router (LMCache push reports)", spec.router.host,
+                router_ports.append(("router (LMCache push reports)", self._notify_host(lab),
                                      spec.connector.lmcache.notify_port))
             check_ports_free(loopback, router_ports)  # a node's ports live in its own namespace
         if lab is not None:
@@ -307,6 +308,13 @@ class Deployment:
                 path = str(self.run_dir / f"{plan.name}-lmcache.yaml")
                 plan.env["LMCACHE_CONFIG_FILE"] = plan.own_env["LMCACHE_CONFIG_FILE"] = path
         return plans
+
+    def _notify_host(self, lab: netlab.NetLab | None) -> str | None:
+        """Where LMCache senders report their pushes to the router: its own address, or on nodes the address the
+        nodes reach the router's (root) namespace at (their 127.0.0.1 is their own)."""
+        if self.spec.router is None:
+            return None
+        return lab.root_address if lab is not None and self.spec.nodes else self.spec.router.host
 
     @staticmethod
     def _write_lmcache_config(plan: InstancePlan) -> None:
@@ -374,7 +382,7 @@ class Deployment:
         assert self.spec.router is not None  # LMCache P/D has a router (DeploymentSpec checks)
         pairs = [(p, d) for p in self.instances if p.spec.role == "prefill"
                  for d in self.instances if d.spec.role == "decode"]
-        with PushListener(self.spec.router.host, lm.notify_port) as listener:
+        with PushListener(self._notify_host(self.netlab), lm.notify_port) as listener:
             for i, (prefill, decode) in enumerate(pairs):
                 push_id = f"pdlab-warm-up-{prefill.name}-{decode.name}-{secrets.token_hex(4)}"
                 ports = lm.receiver_ports(1)
@@ -479,8 +487,9 @@ class Deployment:
         """What the router fronts: this deployment's instances, model and KV block size."""
         return self._upstreams(self.instances, self.model_dir)
 
-    def _upstreams(self, instances: Sequence[RunningInstance | InstancePlan], model_dir: str) -> RouterUpstreams:
-        """The router's upstreams among `instances` (running, or planned by a dry run)."""
+    def _upstreams(self, instances: Sequence[RunningInstance | InstancePlan], model_dir: str,
+                   lab: netlab.NetLab | None = None) -> RouterUpstreams:
+        """The router's upstreams among `instances` (running, or planned by a dry run on `lab`'s nodes)."""
         urls = {role: [i.url for i in instances if i.spec.role == role] for role in ("prefill", "decode", "colocated")}
         block_size = next((i.spec.engine.block_size for i in instances if i.spec.engine.block_size), None)
         lmcache = {}
@@ -490,7 +499,8 @@ class Deployment:
             lm = self.spec.connector.lmcache
             ports = lm.receiver_ports(1)
             lmcache = {"lmcache_init_ports": ports.init_ports, "lmcache_alloc_ports": ports.alloc_ports,
-                       "lmcache_notify_host": self.spec.router.host, "lmcache_notify_port": lm.notify_port,
+                       "lmcache_notify_host": self._notify_host(lab or self.netlab),
+                       "lmcache_notify_port": lm.notify_port,
                        "lmcache_push_timeout_s": lm.push_timeout_s}
         return RouterUpstreams(prefill=urls["prefill"], decode=urls["decode"] + urls["colocated"],
                                model=self.served_model, tokenizer=model_dir,

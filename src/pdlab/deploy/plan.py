@@ -222,14 +222,16 @@ def stand_in_argv(spec: DeploymentSpec, inst: InstanceSpec, python: str = sys.ex
     return argv
 
 
-def lmcache_config(spec: DeploymentSpec, inst: InstanceSpec, index: int, model_dir: str) -> dict | None:
+def lmcache_config(spec: DeploymentSpec, inst: InstanceSpec, index: int, model_dir: str,
+                   notify_host: str | None = None) -> dict | None:
     """The instance's LMCache config (pdlab.lmcache.settings, as on a cluster): staged on the CPU, pushes reported
-    to the router, the receiver on the instance's own address, LMCache's HTTP server (its figures) on ports of
-    its own."""
+    to the router (at `notify_host`, default the router's own address; on nodes, the address the nodes reach the
+    router's namespace at), the receiver on the instance's own address, LMCache's HTTP server (its figures) on
+    ports of its own."""
     if spec.connector.kind != "lmcache":
         return None
     lm = spec.connector.lmcache
-    notify = (spec.router.host, lm.notify_port) if spec.router is not None else None
+    notify = (notify_host or spec.router.host, lm.notify_port) if spec.router is not None else None
     api_port = None if lm.api_port is None else lm.api_port + 2 * index  # LMCache's scheduler, then its worker
     return lmcache_settings.lmcache_config(
         inst.role, lm, buffer_device=spec.connector.buffer_device, backends=list(spec.connector.nixl_backends),
@@ -244,20 +246,28 @@ def model_context(model_dir: str) -> int | None:
 
 
 def check_lmcache_local(spec: DeploymentSpec) -> None:
-    """What LMCache's P/D allows on one machine: one decode instance (its receiver takes its allocation port on
-    every address of the machine, so a second would take the first's pushes)."""
-    decodes = spec.by_role("decode")
-    if spec.connector.kind == "lmcache" and len(decodes) > 1:
-        raise PlanError(f"instances: LMCache's P/D runs one decode instance per machine here, this lab has "
-                        f"{len(decodes)} ({', '.join(d.name for d in decodes)}); use connector.kind `nixl` for "
-                        "several")
+    """What LMCache's P/D allows on one machine (or one node: a network namespace is a machine of its own): one
+    decode instance (its receiver takes its allocation port on every address of the machine, so a second would
+    take the first's pushes)."""
+    if spec.connector.kind != "lmcache":
+        return
+    by_machine: dict[str | None, list[str]] = {}
+    for inst in spec.by_role("decode"):
+        by_machine.setdefault(inst.node, []).append(inst.name)
+    for node, names in by_machine.items():
+        if len(names) > 1:
+            where = f"node {node!r}" if node else "this machine"
+            raise PlanError(f"instances: LMCache's P/D runs one decode instance per machine here, {where} has "
+                            f"{len(names)} ({', '.join(names)}); put each on a node of its own (`node:`), or use "
+                            "connector.kind `nixl` for several")
 
 
 def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, str] | None = None,
                     cores: list[int] | None = None, stand_ins: bool = False,
-                    sockets: Path | None = None) -> list[InstancePlan]:
+                    sockets: Path | None = None, notify_host: str | None = None) -> list[InstancePlan]:
     """Every instance's process, fully decided (with `stand_ins`, stand-in servers in place of vLLM); `sockets`
-    is the directory for their IPC sockets (`ipc_dir`)."""
+    is the directory for their IPC sockets (`ipc_dir`); `notify_host`: where LMCache senders reach the router
+    (`lmcache_config`)."""
     check_lmcache_local(spec)
     instances = assign_ports(spec)
     check_cores(instances, available_cores() if cores is None else cores)
@@ -266,7 +276,8 @@ def plan_deployment(spec: DeploymentSpec, model_dir: str, base_env: dict[str, st
         return [InstancePlan(inst, stand_in_argv(spec, inst), {**env, "PYTHONUNBUFFERED": "1"},
                              {"PYTHONUNBUFFERED": "1"}) for inst in instances]
     return [InstancePlan(inst, vllm_argv(spec, inst, model_dir), vllm_env(spec, inst, model_dir, env, sockets),
-                         vllm_env(spec, inst, model_dir, {}, sockets), lmcache_config(spec, inst, i, model_dir))
+                         vllm_env(spec, inst, model_dir, {}, sockets),
+                         lmcache_config(spec, inst, i, model_dir, notify_host))
             for i, inst in enumerate(instances)]
 
 
