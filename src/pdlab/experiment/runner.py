@@ -139,6 +139,7 @@ class ExperimentRun:
         result = run_load(base_url, schedule_path, out, model, api=workload.api, users=workload.users,
                           timeout_s=workload.timeout_s, progress=self.progress, label=scenario, stop=stop,
                           on_progress=on_progress)
+        rows = read_rows(result.rows_path)
         if kv_urls:
             after = {url: _scrape_or_none(url) for url in kv_urls}
             # An instance that is gone (a failure drill) has no figures to give; count the ones still up.
@@ -148,10 +149,10 @@ class ExperimentRun:
                                  **moved.as_dict()}
             if log_ends:
                 self.kv[scenario]["lmcache"] = lmcache_figures.pd_account(
-                    _pd_prompts(read_rows(result.rows_path)), log_ends.get("prefill", {}), log_ends.get("decode", {}))
+                    _pd_prompts(rows), log_ends.get("prefill", {}), log_ends.get("decode", {}))
             rundir.write_json(out / rundir.KV, self.kv[scenario])
         self.write_summary()
-        return read_rows(result.rows_path)
+        return rows
 
     def measure_deployment(self, scenario: str, deployment: DeploymentLike, *, baseline: bool = False) -> pd.DataFrame:
         """`measure` against a running `pdlab.deploy.Deployment`: through its router when it has one, else its

@@ -170,23 +170,24 @@ def pd_account(prompts: Mapping[str, int], sender_logs: Mapping[Path, int],
     computes to sample from); the rest the decode instance recomputed, in part or whole. Each log is read from
     the offset it maps to (`log_end` before the load)."""
 
-    def merged(logs: Mapping[Path, int], what: str) -> dict[str, tuple[int, float]]:
-        total: dict[str, tuple[int, float]] = {}
+    def merged(logs: Mapping[Path, int], what: str) -> list[tuple[int, float]]:
+        """(tokens, ms) per prompt, in `prompts`' order, summed over `logs`."""
+        total = {rid: (0, 0.0) for rid in prompts}
         for path, since in logs.items():
             for rid, counts in logged_tokens(path, since).items():
-                tokens, ms = total.get(rid, (0, 0.0))
-                total[rid] = (tokens + int(counts[what]), ms + counts[f"{what}_ms"])
-        return total
+                if rid in total:
+                    tokens, ms = total[rid]
+                    total[rid] = (tokens + int(counts[what]), ms + counts[f"{what}_ms"])
+        return list(total.values())
 
-    def times(done: dict[str, tuple[int, float]]) -> dict[str, float | None]:
-        ms = sorted(done[rid][1] for rid in prompts if done.get(rid, (0, 0.0))[0])
+    def times(done: list[tuple[int, float]]) -> dict[str, float | None]:
+        ms = sorted(ms for tokens, ms in done if tokens)
         return {"median": statistics.median(ms) if ms else None, "max": ms[-1] if ms else None}
 
     pushed, loaded = merged(sender_logs, "stored"), merged(receiver_logs, "retrieved")
-    full = sum(1 for rid, tokens in prompts.items() if loaded.get(rid, (0, 0.0))[0] >= tokens - 1)
+    full = sum(1 for (tokens, _), wanted in zip(loaded, prompts.values(), strict=True) if tokens >= wanted - 1)
     return {"disaggregated": len(prompts),
-            "pushed": sum(1 for rid in prompts if pushed.get(rid, (0, 0.0))[0]),
-            "pushed_tokens": sum(pushed.get(rid, (0, 0.0))[0] for rid in prompts), "push_ms": times(pushed),
-            "loaded": sum(1 for rid in prompts if loaded.get(rid, (0, 0.0))[0]),
-            "loaded_tokens": sum(loaded.get(rid, (0, 0.0))[0] for rid in prompts), "load_ms": times(loaded),
-            "loaded_in_full": full, "recomputed": len(prompts) - full}
+            "pushed": sum(1 for tokens, _ in pushed if tokens), "pushed_tokens": sum(t for t, _ in pushed),
+            "push_ms": times(pushed),
+            "loaded": sum(1 for tokens, _ in loaded if tokens), "loaded_tokens": sum(t for t, _ in loaded),
+            "load_ms": times(loaded), "loaded_in_full": full, "recomputed": len(prompts) - full}

@@ -118,14 +118,14 @@ def lmcache_line(kv: dict) -> str | None:
     pd_ = kv.get("lmcache")
     if not pd_:
         return None
-    def ms(block: dict | None) -> str:
-        median = (block or {}).get("median")
-        return "-" if median is None else f"{median:.1f} ms"
+
+    def ms(block: dict) -> str:
+        return "-" if block["median"] is None else f"{block['median']:.1f} ms"
 
     return (f"LMCache pushed the KV of {pd_['pushed']} of {pd_['disaggregated']} prompts sent through prefill -> "
-            f"decode ({pd_['pushed_tokens']:,} tokens; {ms(pd_.get('push_ms'))} per push, median) right after their "
-            f"prefill; the decode instance loaded {pd_['loaded_in_full']} of them in full "
-            f"({ms(pd_.get('load_ms'))} per load) and recomputed {pd_['recomputed']} (LMCache's log lines)")
+            f"decode ({pd_['pushed_tokens']:,} tokens; {ms(pd_['push_ms'])} per push, median) right after their "
+            f"prefill; the decode instance loaded {pd_['loaded_in_full']} of them in full ({ms(pd_['load_ms'])} per "
+            f"load) and recomputed {pd_['recomputed']} (LMCache's log lines)")
 
 
 def parse_kv_transfer(text: str) -> KVTransferStats:

@@ -91,25 +91,28 @@ def scenario_summary(rows: pd.DataFrame, stall_k: float = DEFAULT_STALL_K, sched
                          "by_class": {str(k): int(v) for k, v in stalled["cls"].value_counts().sort_index().items()}}
     summary["short_itl_during_long_prefill_ms"] = percentiles(gaps_during_prefills(rows)["gap_s"], 1000)
     summary["requests"] = request_counts(rows, scheduled)
-    summary["by_path"] = {
-        str(path): {"requests": int(len(group)), "ttft_ms": percentiles(group["ttft_s"], 1000),
-                    "itl_ms": percentiles(itl_values(rows[rows["path"] == path]), 1000),
-                    **after_prefill(rows, group)}
-        for path, group in per_request.groupby("path") if path
-    }
+    after = after_prefill_ms(rows, per_request)
+    summary["by_path"] = {}
+    for path, group in per_request.groupby("path"):
+        if not path:
+            continue
+        block = {"requests": int(len(group)), "ttft_ms": percentiles(group["ttft_s"], 1000),
+                 "itl_ms": percentiles(itl_values(rows[rows["path"] == path]), 1000)}
+        if len(mine := after.reindex(group["request_id"]).dropna()):
+            block["after_prefill_ms"] = percentiles(mine)
+        summary["by_path"][str(path)] = block
     return summary
 
 
-def after_prefill(rows: pd.DataFrame, per_request: pd.DataFrame) -> dict:
-    """P/D requests: `after_prefill_ms`, percentiles of the time from the prefill instance's answer (the router's
-    `prefill_ms`) to the first token: the KV's move (pulled by the decode instance, or pushed by the prefill
-    instance and reported), the decode instance's queue and its first step. Push against pull shows here. Empty
-    where the router reported no prefill time (a direct path)."""
+def after_prefill_ms(rows: pd.DataFrame, per_request: pd.DataFrame) -> pd.Series:
+    """P/D requests, by request id: the time (ms) from the prefill instance's answer (the router's `prefill_ms`) to
+    the first token: the KV's move (pulled by the decode instance, or pushed by the prefill instance and
+    reported), the decode instance's queue and its first step. Push against pull shows here. None for a request
+    the router reported no prefill time for (a direct path)."""
     prefill_ms = pd.to_numeric(rows.set_index("request_id")["prefill_ms"], errors="coerce")
     prefill_ms = prefill_ms[~prefill_ms.index.duplicated()]
     ttft_ms = per_request.set_index("request_id")["ttft_s"] * 1000
-    after = (ttft_ms - prefill_ms.reindex(ttft_ms.index)).dropna()
-    return {"after_prefill_ms": percentiles(after)} if len(after) else {}
+    return (ttft_ms - prefill_ms.reindex(ttft_ms.index)).dropna()
 
 
 def build_summary(scenarios: Mapping[str, pd.DataFrame], baseline: pd.DataFrame | None = None,
