@@ -19,8 +19,10 @@
 # **Learning objectives.** After this notebook you can
 # - write a two-node P/D deployment: prefill and decode each in its own network namespace with its own address,
 #   joined by a link whose bandwidth you set;
-# - compute a model's KV bytes per token by hand and match it with the bytes NIXL moved;
-# - read one request's time to first token in parts: prefill, wait, KV transfer, first decode step;
+# - move the KV cache the way the cluster tier does: LMCache pushes it from the prefill instance to the decode
+#   instance the router names, over NIXL;
+# - compute a model's KV bytes per token by hand and match it with the bytes LMCache pushed;
+# - read one request's time to first token in parts: prefill, KV transfer, wait, first decode step;
 # - change the link's bandwidth under a running deployment and see the transfer time follow;
 # - verify that the P/D path writes exactly the tokens one instance doing both phases writes.
 #
@@ -32,6 +34,12 @@
 # rate in both directions, like a NIC of that speed (`docs/netlab.md`). Making namespaces needs root. Without it,
 # the notebook says so and runs the two instances on two loopback addresses (`127.0.0.1`, `127.0.0.2`) instead,
 # with no shaped link.
+#
+# The KV cache moves as on the cluster (`labs/hyperpod-*.yaml`, `docs/lmcache.md`): by **LMCache**. Right after
+# the prefill, the prefill instance *pushes* the prompt's KV to the decode instance the router named, and tells the
+# router when it has landed; only then does the router send the decode request. Notebook 00 used vLLM's
+# NixlConnector, where the decode instance *pulls* the KV once it has the request: one word in the spec switches
+# between the two (exercise 5).
 
 # %% tags=["parameters"]
 from pdlab import course
@@ -44,11 +52,14 @@ MAX_TOKENS = course.choose(16, 8)  # tokens each request writes
 # %% [markdown]
 # ## 1. The spec, on two nodes
 #
-# Notebook 00's spec with three additions: `nodes` (one namespace each), `node:` on each instance, and `link`
-# (its rate; `preset: 10gbe` instead would scale a real 10 GbE link to this model's KV size, see `docs/netlab.md`).
-# `ucx_tls: "tcp,self"` leaves out UCX's shared-memory transports: namespaces share this machine's memory, and
-# UCX would otherwise move the cache through it and never touch the link. `fallback_to_loopback: true` is what
-# lets the notebook run without root.
+# Notebook 00's spec with four changes: `nodes` (one namespace each), `node:` on each instance, `link` (its rate;
+# `preset: 10gbe` instead would scale a real 10 GbE link to this model's KV size, see `docs/netlab.md`), and the
+# connector: `kind: lmcache` with LMCache's buffers (the sender stages a prompt's KV in one, the receiver holds
+# pushed KV in the other until decode loads it), and a `router`, which names the decode instance in each prefill
+# request and hears the push's report. Its `threshold: 0` sends every prompt through prefill -> decode (notebook
+# 04 turns that knob). `ucx_tls: "tcp,self"` leaves out UCX's shared-memory transports: namespaces share this
+# machine's memory, and UCX would otherwise move the cache through it and never touch the link.
+# `fallback_to_loopback: true` is what lets the notebook run without root.
 
 # %%
 SPEC = f"""
@@ -58,9 +69,14 @@ deployment:
   model:
     name: {MODEL}
   connector:
-    kind: nixl
+    kind: lmcache            # LMCache pushes the KV (the cluster's); nixl: vLLM's NixlConnector, decode pulls it
     nixl_backends: [UCX]
     ucx_tls: "tcp,self"
+    lmcache:
+      sender_buffer_bytes: 268435456     # 256 MiB
+      receiver_buffer_bytes: 536870912   # 512 MiB
+  router:
+    threshold: 0             # every prompt through prefill -> decode
   nodes:
     - name: prefill
     - name: decode
@@ -97,21 +113,24 @@ planned = Deployment(spec).dry_run()
 print(shell_line(planned.instances[1]))
 pd.set_option("display.max_colwidth", 200)
 rows = pd.DataFrame(explain(planned.instances[1]))
-rows[rows["name"].isin(["ip", "--host", "VLLM_NIXL_SIDE_CHANNEL_HOST", "UCX_TLS", "UCX_NET_DEVICES"])]
+rows[rows["name"].isin(["ip", "--host", "--kv-transfer-config", "UCX_TLS", "UCX_NET_DEVICES"])]
 
 # %% [markdown]
 # The decode instance's command now starts with `ip netns exec <namespace>`, binds its node's address, and tells
-# UCX to send on the node's one interface (`pdlab0`). Everything else is notebook 00's command.
+# UCX to send on the node's one interface (`pdlab0`). Its `--kv-transfer-config` names LMCache's connector and its
+# role (`kv_consumer`: it receives pushes); LMCache's own settings (`docs/lmcache.md`) go to it in a config file
+# that the same code writes for the cluster's configs.
 #
 # ## 2. Bring it up
 #
-# Making the namespaces and the link takes a second; the instances take their usual half minute or so (notebook 00).
+# Making the namespaces and the link takes a second; the instances take their usual half minute or so (notebook 00),
+# and `pdlab` checks, before it says ready, that a first prompt's KV was pushed, reported and loaded.
 
 # %%
 dep = course.start(spec)
 on_two_nodes = dep.netlab is not None  # False without root: two loopback addresses, no shaped link
 prefill_url, decode_url = dep.urls("prefill")[0], dep.urls("decode")[0]
-print(f"prefill {prefill_url}, decode {decode_url}")
+print(f"prefill {prefill_url}, decode {decode_url}, router {dep.router_url}")
 if on_two_nodes:
     made = dep.netlab.describe()
     for name, node in made["nodes"].items():
@@ -136,18 +155,19 @@ head_dim = shape.head_dim
 by_hand = shape.num_layers * 2 * shape.num_kv_heads * head_dim * 4
 print(f"{shape.num_layers} layers x 2 (K and V) x {shape.num_kv_heads} KV heads (of {shape.num_heads} query heads) "
       f"x {head_dim} dims x 4 bytes = {by_hand:,} bytes per token")
-print(f"pdlab's figure: {shape.kv_bytes_per_token():,}; a 128-token block: {128 * by_hand / 1e6:.2f} MB")
+print(f"pdlab's figure: {shape.kv_bytes_per_token():,}; LMCache's 256-token chunk: {256 * by_hand / 1e6:.2f} MB")
 
 # %% [markdown]
 # ## 4. Follow requests across the link
 #
-# `trace_pd_request` makes notebook 00's two calls (prefill with `max_tokens=1`, then decode with the
-# `kv_transfer_params`), streams the answer, and reads the decode instance's NIXL counters before and after. Each
-# bar below is one request's time to first token, laid end to end:
-# - **prefill**: call 1, until the prefill instance answered (it computed the prompt's KV cache);
-# - **wait**: the start of call 2 until its KV read begins and after it ends: the HTTP hop, scheduling, posting the
-#   read (and, when the prefill instance is busy computing, waiting until it serves the read: notebook 06);
-# - **KV transfer**: the read itself, as vLLM timed it on the decode instance;
+# `trace_request` sends one prompt to the router, streams the answer, and reads the router's timing headers
+# (`x-pdlab-prefill-ms`, `x-pdlab-kv-wait-ms`) and LMCache's own log lines: the tokens and bytes the prefill
+# instance pushed, and that the decode instance loaded them (it stops with an error if it recomputed the prompt
+# instead). Each bar below is one request's time to first token, in parts:
+# - **prefill**: until the prefill instance answered (it computed the prompt's KV cache, and LMCache began pushing
+#   it as the prefill ended);
+# - **KV transfer**: from that answer until LMCache reported the push landed (the router waits for it);
+# - **wait**: the decode request's HTTP hop, scheduling, and LMCache loading the pushed KV into vLLM's cache;
 # - **first decode step**: one step of this request (the median gap between its later tokens).
 #
 # Then the link changes under the running deployment (`tc qdisc change`, nothing restarts) and the same prompts
@@ -155,7 +175,7 @@ print(f"pdlab's figure: {shape.kv_bytes_per_token():,}; a 128-token block: {128 
 
 # %%
 from pdlab.load.prompts import PromptBuilder
-from pdlab.metrics.kv import trace_pd_request
+from pdlab.metrics.kv import trace_request
 from pdlab.report.figures import transfer_figure
 
 builder = PromptBuilder(dep.model_dir)
@@ -164,44 +184,43 @@ for mbps in LINK_MBPS:
     if on_two_nodes:
         dep.netlab.set_rate(mbps)
     label = f"{mbps:g} Mbit/s" if on_two_nodes else "loopback (no link)"
-    traces[label] = [await trace_pd_request(prefill_url, decode_url, dep.served_model,
-                                            builder.prompt(tokens, key=f"notebook-03-{tokens}-{mbps}"),
-                                            max_tokens=MAX_TOKENS)
+    traces[label] = [await trace_request(dep, builder.prompt(tokens, key=f"notebook-03-{tokens}-{mbps}"),
+                                         max_tokens=MAX_TOKENS)
                      for tokens in PROMPT_TOKENS]
 transfer_figure(traces)
 
 # %%
-table = pd.DataFrame([{"link": label, "prompt tokens": t.prompt_tokens, "blocks": t.blocks,
-                       "MB moved": t.bytes / 1e6, "MB by hand": t.blocks * 128 * by_hand / 1e6,
+table = pd.DataFrame([{"link": label, "prompt tokens": t.prompt_tokens, "moved": f"{t.blocks} {t.unit}s",
+                       "MB moved": t.bytes / 1e6, "MB by hand": t.blocks * t.block_tokens * by_hand / 1e6,
                        "transfer ms": t.transfer_s * 1e3, "Mbit/s in transfer": (t.throughput_mb_s or 0) * 8,
                        "prefill ms": t.prefill_s * 1e3, "wait ms": t.wait_s * 1e3}
                       for label, group in traces.items() for t in group])
 table.round(2)
 
 # %% [markdown]
-# Two things to read. The bytes: vLLM moves whole 128-token blocks, the last one partly filled, so the transfer is
-# `blocks x 128 x bytes per token`, with your number from section 3. The time: on the shaped link, moving the same
+# Two things to read. The bytes: LMCache stores and pushes whole 256-token chunks (its `chunk_size`), the last one
+# partly filled, so the push is `chunks x 256 x bytes per token`, with your number from section 3 (NIXL moves
+# vLLM's 128-token blocks the same way). The time: on the shaped link, moving the same
 # bytes takes about as much longer as the link is slower, so the transfer's throughput column sits near the link's
 # rate (UCX's TCP transport on two busy cores tops out around 1-2 Gbit/s, so a faster link stops mattering here).
 # Compare the transfer with the prefill: on the slow link, for the longest prompt, which is larger?
 #
 # ## 5. The same answer as one instance doing both phases
 #
-# Greedy decoding (temperature 0) with `ignore_eos` is deterministic: the prefill instance asked for the whole
-# answer itself must write the tokens the P/D path wrote.
+# Greedy decoding (temperature 0) with `ignore_eos` is deterministic: the decode instance asked to compute a new
+# prompt itself must write the tokens the P/D path writes from the pushed KV. It is asked first, before anything of
+# that prompt has been pushed to it. (Not the prefill instance: LMCache's sender expects every request to name a
+# receiver, and a plain one would stop its engine; pdlab's router never sends it one.)
 
 # %%
 import httpx
 
-from pdlab.pdrequest import pd_completion_async
-
-prompt = builder.prompt(PROMPT_TOKENS[0], key="notebook-03-same")
-via_pd = await pd_completion_async(prefill_url, decode_url, dep.served_model, prompt, max_tokens=MAX_TOKENS,
-                                   stream=False)
-alone = httpx.post(f"{prefill_url}/v1/completions", timeout=120, json={
-    "model": dep.served_model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-    "ignore_eos": True}).json()["choices"][0]["text"]
-print(f"P/D:   {via_pd.text!r}\nalone: {alone!r}")
+request = {"model": dep.served_model, "prompt": builder.prompt(PROMPT_TOKENS[0], key="notebook-03-same"),
+           "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+alone = httpx.post(f"{decode_url}/v1/completions", json=request, timeout=120).json()["choices"][0]["text"]
+routed = httpx.post(f"{dep.router_url}/v1/completions", json=request, timeout=120)
+via_pd = routed.json()["choices"][0]["text"]
+print(f"the router's path: {routed.headers['x-pdlab-path']}\nP/D:   {via_pd!r}\nalone: {alone!r}")
 
 # %%
 dep.stop()  # the checks come after the stop: a failing check leaves nothing running
@@ -212,12 +231,13 @@ dep.stop()  # the checks come after the stop: a failing check leaves nothing run
 # %%
 first, *_ = traces.values()
 course.check(
-    all(t.blocks and abs(t.bytes - t.blocks * 128 * by_hand) <= 0.02 * t.bytes for t in first),
-    f"the KV bytes moved are the handed-over blocks x 128 tokens x your {by_hand:,} bytes per token "
-    f"({', '.join(f'{t.bytes / 1e6:,.2f} MB' for t in first)})",
-    "check the sum in section 3 against the model's config; PROMPT_TOKENS must be longer than one block (128)",
+    all(t.blocks and abs(t.bytes - t.blocks * t.block_tokens * by_hand) <= 0.02 * t.bytes for t in first),
+    f"the KV bytes moved are the {first[0].unit}s x {first[0].block_tokens} tokens x your {by_hand:,} bytes per "
+    f"token ({', '.join(f'{t.bytes / 1e6:,.2f} MB' for t in first)})",
+    "check the sum in section 3 against the model's config",
 )
-course.check(via_pd.text == alone, "the P/D path wrote exactly the tokens one instance writes on its own",
+course.check(routed.headers["x-pdlab-path"] == "disaggregated" and via_pd == alone,
+             "the P/D path wrote exactly the tokens one instance writes on its own",
              "greedy decoding must be on (temperature 0) and both instances must serve the same model")
 if on_two_nodes:
     longest = dict(zip(LINK_MBPS, (group[-1] for group in traces.values()), strict=True))
@@ -242,8 +262,14 @@ else:
 # 2. Find the link rate at which the KV transfer of a 4,000-token prompt takes as long as its prefill. Below that
 #    rate, what does disaggregation cost a long prompt's time to first token? (Notebook 06 weighs it against what
 #    it saves.)
-# 3. On the slowest link, send a short prompt (200 tokens) through `trace_pd_request`. What dominates its time to
+# 3. On the slowest link, send a short prompt (200 tokens) through `trace_request`. What dominates its time to
 #    first token now?
 # 4. A 70B model's KV takes 327,680 bytes per token in bf16 (80 layers x 2 x 8 KV heads x 128 dims x 2 bytes):
 #    how many gigabytes is a 4,000-token prompt, and how long does it take on one 100 Gbit/s EFA adapter?
 #    (p5 instances have 32 of them.)
+# 5. Change `kind: lmcache` to `kind: nixl` in the spec and run the notebook again: vLLM's NixlConnector, as in
+#    notebook 00, where the decode instance pulls the KV once it has the request (`trace_request` then makes
+#    notebook 00's two calls by hand, and its wait part holds the pull's set-up). On an idle link, which parts
+#    change? Under load, the pull waits for a busy prefill instance's next step: `data/results/hol-blocking/
+#    20261205-231820` measured both connectors under the demo's load. How much sooner after the prefill's answer
+#    did the long prompts' first token come with LMCache's push?

@@ -24,12 +24,13 @@
 # ## Exercise 1
 # The 10gbe preset scales a real 10 Gbit/s link by this model's KV bytes per token over a 70B model's, so that one
 # token of context takes as long to cross the shaped link as a 70B token takes on real 10 GbE: the cell asserts
-# exactly that. A 4,000-token prompt moves 32 whole blocks (4,096 tokens' worth), so its transfer should take
-# blocks x 128 x bytes per token x 8 / rate, just over a second on either local model, as for a 70B prompt on real
+# exactly that. A 4,000-token prompt moves 16 whole LMCache chunks (4,096 tokens' worth; NIXL's 32 blocks of 128
+# come to the same), so its transfer should take chunks x 256 x bytes per token x 8 / rate, just over a second on
+# either local model, as for a 70B prompt on real
 # 10 GbE. The check moves exactly those bytes across a link shaped to that rate and lands close to the prediction,
 # never below it (a shaped link cannot beat its rate). It sends them over plain TCP, the link itself; `how="nixl"`
-# moves them with a NIXL READ as vLLM does, a few seconds slower to set up. The notebook's own traces, NIXL inside
-# vLLM, agree at both of its rates: their transfer times are the bytes over the link's rate.
+# moves them with a NIXL READ as vLLM does, a few seconds slower to set up. The notebook's own traces, LMCache's
+# pushes, agree at both of its rates: their transfer times are the bytes over the link's rate.
 
 # %%
 import math
@@ -43,7 +44,7 @@ print(ten_gbe)
 assert not ten_gbe.capped and math.isclose(ten_gbe.mbps, 10_000 * by_hand / seventy_b)
 assert math.isclose(by_hand * 8 / (ten_gbe.mbps * 1e6), seventy_b * 8 / 10e9)  # per token: same time as a 70B on 10 GbE
 
-kv_bytes = math.ceil(4000 / 128) * 128 * by_hand
+kv_bytes = math.ceil(4000 / 256) * 256 * by_hand
 predicted_s = kv_bytes * 8 / (ten_gbe.mbps * 1e6)
 assert math.isclose(predicted_s, 4096 * seventy_b * 8 / 10e9)  # = 4,096 tokens of a 70B over real 10 GbE
 print(f"a 4,000-token prompt: {kv_bytes / 1e6:.2f} MB, predicted {predicted_s * 1e3:,.0f} ms at "
@@ -84,8 +85,9 @@ pd.DataFrame([{"link": label, "prompt tokens": t.prompt_tokens, "prefill ms": t.
 
 # %% [markdown]
 # ## Exercise 3
-# The KV transfer still dominates. A 200-token prompt hands over 2 whole blocks (256 tokens' worth), each taking on
-# the slow link what the traced prompts' blocks took there, while its prefill shrinks with its length (the cell
+# The KV transfer still dominates. A 200-token prompt pushes 1 whole chunk (256 tokens' worth; with NIXL, 2 blocks
+# of 128), taking on the slow link what each of the traced prompts' chunks took there, while its prefill shrinks
+# with its length (the cell
 # scales both from the shortest traced prompt; a prefill's fixed costs make the real one somewhat longer than that
 # scaling). The wait and the decode step are small beside them. A short prompt does not escape a slow link: its
 # prefill and its transfer shrink together, so their ratio is set by the link's rate (whole blocks even tilt it
@@ -93,19 +95,19 @@ pd.DataFrame([{"link": label, "prompt tokens": t.prompt_tokens, "prefill ms": t.
 # the decode instance, which is why the router sends short prompts there directly (notebook 04's threshold).
 
 # %%
-short_blocks = math.ceil(200 / 128)
 ref = min(traces[slow_label], key=lambda t: t.prompt_tokens)  # the shortest prompt traced on the slow link
+short_blocks = math.ceil(200 / ref.block_tokens)
 parts_ms = {f"prefill (the {ref.prompt_tokens:,}-token prompt's, x 200 / {ref.prompt_tokens:,})":
             ref.prefill_s * 200 / ref.prompt_tokens * 1e3,
             "wait": ref.wait_s * 1e3,
-            f"KV transfer ({short_blocks} of its {ref.blocks} blocks)":
+            f"KV transfer ({short_blocks} of its {ref.blocks} {ref.unit}s)":
             ref.transfer_s * short_blocks / ref.blocks * 1e3,
             "first decode step": ref.step_s * 1e3}
 print(f"a 200-token prompt on the {slow_label} link, scaled from this run's traces:")
 for part, ms in parts_ms.items():
     print(f"  {part:52} {ms:8,.1f} ms")
-if on_two_nodes:  # the shaped link bounds a block's time from below: 128 tokens x bytes per token / rate
-    assert ref.transfer_s / ref.blocks > 0.9 * 128 * by_hand * 8 / (min(LINK_MBPS) * 1e6)
+if on_two_nodes:  # the shaped link bounds a chunk's time from below: 256 tokens x bytes per token / rate
+    assert ref.transfer_s / ref.blocks > 0.9 * ref.block_tokens * by_hand * 8 / (min(LINK_MBPS) * 1e6)
 
 # %% [markdown]
 # ## Exercise 4
@@ -127,3 +129,27 @@ all_adapters_s = prompt_bytes * 8 / (p5.gbps * 1e9)
 print(f"{per_token:,} bytes per token x 4,000 = {prompt_bytes / 1e9:.2f} GB: {one_adapter_s * 1e3:,.0f} ms on one "
       f"100 Gbit/s adapter, {all_adapters_s * 1e3:.1f} ms on {p5.description}")
 assert per_token == seventy_b == 327_680 and p5.gbps == 32 * 100
+
+# %% [markdown]
+# ## Exercise 5
+# On an idle link the bytes are the same and take the same time to cross, so the transfer part hardly changes;
+# what changes is when it starts. LMCache pushes as the prefill ends, and the router waits for the report;
+# NixlConnector's read starts only once the decode instance has the request, so its wait part grows by the
+# handshake and posting of the read. Under load the difference is larger: a pull is served by the prefill instance
+# between its steps, so it waits while that instance computes other prompts; a push leaves right after the
+# prompt's own prefill. The demo lab's recorded run of both connectors under the same load shows it (the cell
+# reads it): the long prompts' first token came a median of 385 ms after the prefill's answer with NIXL's pull,
+# 53 ms with LMCache's push
+# <!-- cite data/results/hol-blocking/20261205-231820/summary.json: scenarios.disaggregated.by_path.disaggregated.after_prefill_ms.p50, scenarios.disaggregated_lmcache.by_path.disaggregated.after_prefill_ms.p50 -->.
+
+# %%
+import json
+
+from pdlab.settings import data_dir
+
+recorded = json.loads((data_dir() / "results/hol-blocking/20261205-231820/summary.json").read_text())
+after = {name: recorded["scenarios"][name]["by_path"]["disaggregated"]["after_prefill_ms"]
+         for name in ("disaggregated", "disaggregated_lmcache")}
+assert after["disaggregated_lmcache"]["p50"] < after["disaggregated"]["p50"]
+pd.DataFrame({"NIXL (pull)": after["disaggregated"], "LMCache (push)": after["disaggregated_lmcache"]}).loc[
+    ["count", "p50", "p90", "p99"]].round(1)

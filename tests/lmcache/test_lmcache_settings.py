@@ -268,3 +268,16 @@ def test_a_loads_pushes_and_loads_are_counted_per_request_from_lmcaches_log(tmp_
                        "loaded_in_full": 2, "recomputed": 2}
     # read from the start, the warm-up's lines would count too
     assert pd_account({"r00001": 512}, {sender: 0}, {receiver: 0})["pushed_tokens"] == 1024
+
+
+def test_each_lines_size_is_read_in_bytes_from_lmcaches_gib(tmp_path):
+    """LMCache writes a store's and a load's size in GiB ("GB" on a store, "gb" on a load) to four decimals: whole
+    256-token chunks, the last one partly filled (2,000 tokens of pdlab-tiny's 4 KiB are 8 chunks' worth)."""
+    from pdlab.lmcache.figures import LOGGED_SIZE_STEP, logged_tokens
+
+    log = tmp_path / "decode-0.log"
+    log.write_text(STORED_LINE.format(rid="a", n=2000, ms=4.0) + RETRIEVED_LINE.format(rid="a", n=2000, ms=6.0))
+    counts = logged_tokens(log)["a"]
+    assert counts["stored_bytes"] == counts["retrieved_bytes"] == 0.0078 * 2**30
+    assert abs(counts["stored_bytes"] - 8 * 256 * 4096) < LOGGED_SIZE_STEP
+    assert (counts["stored"], counts["stored_ms"], counts["retrieved"], counts["retrieved_ms"]) == (2000, 4.0, 2000, 6.0)

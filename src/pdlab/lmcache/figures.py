@@ -131,16 +131,19 @@ def settled_figures(urls: list[str], timeout_s: float = 3 * FOLD_INTERVAL_S) -> 
 #: the time LMCache took (`cost`: a store's copy out of vLLM's cache and its put, the push on a P/D sender; a load's
 #: copy into vLLM's cache); vLLM names the request `cmpl-<x-request-id>-<n>-<suffix>`.
 _STORED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Stored (?P<n>\d+) out of total \d+ tokens"
-                     r"(?:.*? cost (?P<ms>[\d.]+) ms)?")
+                     r"(?:.*? size: (?P<gib>[\d.]+) gb)?(?:.*? cost (?P<ms>[\d.]+) ms)?", re.IGNORECASE)
 _RETRIEVED = re.compile(r"\[req_id=cmpl-(?P<rid>.+?)-\d+-[0-9a-f]+\] Retrieved (?P<n>\d+) out of \d+ required"
-                        r"(?:.*? cost (?P<ms>[\d.]+) ms)?")
+                        r"(?:.*? size: (?P<gib>[\d.]+) gb)?(?:.*? cost (?P<ms>[\d.]+) ms)?", re.IGNORECASE)
+#: LMCache logs a store's or load's size in GiB (bytes / 2**30, "GB" in its text) to four decimals: this many bytes.
+LOGGED_SIZE_STEP = 1e-4 * 2**30
 
 
 def logged_tokens(log_path: str | Path, since: int = 0) -> dict[str, dict[str, float]]:
     """Per request (by the x-request-id it was sent with): the tokens LMCache logged as `stored` (on a P/D sender:
-    pushed) and `retrieved` (loaded into vLLM) in one instance's log, and the milliseconds it logged for each
-    (`stored_ms`, `retrieved_ms`), from byte `since` on (`log_end` before a load). At once and per request, where
-    the counters lag and add up."""
+    pushed) and `retrieved` (loaded into vLLM) in one instance's log, the milliseconds it logged for each
+    (`stored_ms`, `retrieved_ms`) and their size in bytes (`stored_bytes`, `retrieved_bytes`: LMCache logs GiB to
+    four decimals, so each line's is known to `LOGGED_SIZE_STEP`), from byte `since` on (`log_end` before a load).
+    At once and per request, where the counters lag and add up."""
     found: dict[str, dict[str, float]] = {}
     with open(log_path, "rb") as log:
         log.seek(since)
@@ -148,10 +151,11 @@ def logged_tokens(log_path: str | Path, since: int = 0) -> dict[str, dict[str, f
     for line in text.splitlines():
         for what, pattern in (("stored", _STORED), ("retrieved", _RETRIEVED)):
             if match := pattern.search(line):
-                counts = found.setdefault(match["rid"], {"stored": 0, "retrieved": 0, "stored_ms": 0.0,
-                                                         "retrieved_ms": 0.0})
+                counts = found.setdefault(match["rid"], dict.fromkeys(
+                    ("stored", "retrieved", "stored_ms", "retrieved_ms", "stored_bytes", "retrieved_bytes"), 0.0))
                 counts[what] += int(match["n"])
                 counts[f"{what}_ms"] += float(match["ms"] or 0.0)
+                counts[f"{what}_bytes"] += float(match["gib"] or 0.0) * 2**30
     return found
 
 

@@ -15,11 +15,21 @@ prompt tokens pushed to a decode instance and taken from there instead of comput
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdlab.lmcache.figures import VLLM_CONNECTOR_HITS, VLLM_CONNECTOR_QUERIES
+from pdlab.settings import (
+    KV_WAIT_MS_HEADER,
+    PATH_HEADER,
+    PREFILL_MS_HEADER,
+    REASON_HEADER,
+    REQUEST_ID_HEADER,
+    VLLM_CPU_BLOCK_SIZE,
+)
 
 XFER_TIME = "vllm:nixl_xfer_time_seconds"
 POST_TIME = "vllm:nixl_post_time_seconds"
@@ -161,27 +171,43 @@ def scrape_kv_transfer(base_url: str, timeout_s: float = 5.0) -> KVTransferStats
 
 @dataclass(frozen=True)
 class TransferTrace:
-    """One request through prefill -> decode, timed from the client and from the decode instance's NIXL figures:
-    the parts of its time to first token."""
+    """One request through prefill -> decode, timed from the client and from what moved its KV cache: the parts of
+    its time to first token. With NIXL (`trace_pd_request`) the decode instance pulls the KV after the prefill
+    answered, and vLLM times the read; with LMCache (`trace_lmcache_request`) the prefill instance pushes it, and
+    the router waits for the push's report before it sends the decode request."""
 
     prompt_tokens: int
     prefill_s: float
-    """Call 1: sent to the prefill instance until it answered (its queue and the prompt's prefill)."""
+    """Until the prefill instance answered (its queue and the prompt's prefill)."""
     decode_first_token_s: float
-    """Call 2: sent to the decode instance until its first token (wait, transfer, first decode step)."""
+    """From the prefill's answer until the first token (wait, transfer, first decode step)."""
     transfer_s: float
-    """The KV read as vLLM timed it on the decode instance (`vllm:nixl_xfer_time_seconds`)."""
+    """The KV's move. NIXL: the read as vLLM timed it on the decode instance (`vllm:nixl_xfer_time_seconds`).
+    LMCache: the prefill's answer until the push was reported landed (the router's `x-pdlab-kv-wait-ms`): the part
+    of the push that did not overlap the prefill."""
     bytes: float
-    """KV bytes the read moved (`vllm:nixl_bytes_transferred`)."""
+    """KV bytes moved. NIXL: the read's (`vllm:nixl_bytes_transferred`). LMCache: the push's, as its log line
+    gives them (GiB to four decimals: `pdlab.lmcache.figures.LOGGED_SIZE_STEP`)."""
     step_s: float
     """One decode step of this request: the median gap between its later tokens."""
     blocks: int
-    """KV blocks the prefill instance handed over (`remote_block_ids`)."""
+    """Units of KV moved: vLLM's blocks the prefill instance handed over (NIXL, `remote_block_ids`), or LMCache's
+    chunks pushed (the last one of either partly filled, and moved whole)."""
+    block_tokens: int = VLLM_CPU_BLOCK_SIZE
+    """Tokens per unit: vLLM's block size (NIXL), LMCache's `chunk_size` (LMCache)."""
+    connector: str = "nixl"
+    """What moved the KV: `nixl` (pulled) or `lmcache` (pushed)."""
+
+    @property
+    def unit(self) -> str:
+        """What `blocks` counts: `block` (vLLM's, NIXL) or `chunk` (LMCache's)."""
+        return "chunk" if self.connector == "lmcache" else "block"
 
     @property
     def wait_s(self) -> float:
-        """The rest of call 2 before its transfer: the HTTP hop, scheduling, the NIXL handshake and posting the
-        read, and any wait for a busy sender (a prefill instance computing serves reads only between steps)."""
+        """The rest of the time after the prefill's answer: the HTTP hop, scheduling, and with NIXL the handshake,
+        posting the read and any wait for a busy sender (a prefill instance computing serves reads only between
+        steps); with LMCache, loading the pushed KV into vLLM's cache."""
         return max(0.0, self.decode_first_token_s - self.transfer_s - self.step_s)
 
     @property
@@ -217,3 +243,75 @@ async def trace_pd_request(prefill_url: str, decode_url: str, model: str, prompt
         decode_first_token_s=answer.ttft_s - answer.prefill_s, transfer_s=moved.xfer_seconds, bytes=moved.bytes,
         step_s=statistics.median(gaps) if gaps else 0.0,
         blocks=handed_over_blocks(answer.kv_transfer_params))
+
+
+async def trace_lmcache_request(router_url: str, model: str, prompt: str, *, sender_log: str | Path,
+                                receiver_log: str | Path, chunk_tokens: int, max_tokens: int = 8,
+                                request_id: str | None = None) -> TransferTrace:
+    """Send one request through the router of an LMCache P/D deployment (`connector.kind: lmcache`) and return its
+    parts: the router prefills it on the prefill instance, which pushes the prompt's KV to the decode instance the
+    router named and reports the push; the router then sends the decode request. The times come from the router's
+    headers (`x-pdlab-prefill-ms`, `x-pdlab-kv-wait-ms`) and the stream; what moved from LMCache's own log lines on
+    the sender (`sender_log`; `receiver_log` must show the load, or the decode instance recomputed the prompt).
+    The router must send the prompt through prefill -> decode (its threshold at most the prompt's tokens)."""
+    import asyncio
+    import itertools
+    import math
+    import statistics
+    import time
+    import uuid
+
+    from pdlab.lmcache.figures import log_end, logged_tokens
+    from pdlab.sse import STREAM_OPTIONS, StreamRecord
+
+    rid = request_id or f"trace-{uuid.uuid4().hex[:12]}"
+    since = {path: log_end(path) for path in (sender_log, receiver_log)}
+    body = {"model": model, "prompt": prompt, "max_tokens": max(3, max_tokens), "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "stream_options": STREAM_OPTIONS}
+    record, buffer = StreamRecord(), b""
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        async with client.stream("POST", router_url.rstrip("/") + "/v1/completions", json=body,
+                                 headers={REQUEST_ID_HEADER: rid}) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"the router answered {response.status_code}: {(await response.aread())[:300]!r}")
+            headers = response.headers
+            async for chunk in response.aiter_raw():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    record.feed(line, time.perf_counter() - start)
+    if record.error or not record.token_times:
+        raise RuntimeError(f"request {rid}: the stream ended with no tokens ({record.error or 'no error given'})")
+    if headers.get(PATH_HEADER) != "disaggregated":
+        raise ValueError(f"the router served this {record.usage_prompt_tokens}-token prompt "
+                         f"{headers.get(PATH_HEADER)} ({headers.get(REASON_HEADER)}), not through prefill -> decode: "
+                         "set router.threshold at or below the prompt's tokens")
+    pushed = (await asyncio.to_thread(logged_tokens, sender_log, since[sender_log])).get(rid, {})
+    loaded = (await asyncio.to_thread(logged_tokens, receiver_log, since[receiver_log])).get(rid, {})
+    if not pushed.get("stored") or not loaded.get("retrieved"):
+        raise RuntimeError(f"request {rid}: LMCache logged {pushed.get('stored', 0):.0f} tokens pushed and "
+                           f"{loaded.get('retrieved', 0):.0f} loaded: the decode instance recomputed the prompt")
+    prefill_s = float(headers[PREFILL_MS_HEADER]) / 1e3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(record.token_times)]
+    return TransferTrace(
+        prompt_tokens=record.usage_prompt_tokens or 0, prefill_s=prefill_s,
+        decode_first_token_s=record.token_times[0] - prefill_s,
+        transfer_s=float(headers.get(KV_WAIT_MS_HEADER, 0.0)) / 1e3, bytes=pushed["stored_bytes"],
+        step_s=statistics.median(gaps) if gaps else 0.0,
+        blocks=math.ceil(pushed["stored"] / chunk_tokens), block_tokens=chunk_tokens, connector="lmcache")
+
+
+async def trace_request(deployment: Any, prompt: str, max_tokens: int = 8) -> TransferTrace:
+    """One request through a running 1P1D deployment's prefill -> decode path, traced by what moves its KV:
+    `trace_lmcache_request` through its router when LMCache pushes it (`connector.kind: lmcache`; a request without
+    LMCache's `disagg_spec` must never reach its prefill instance), `trace_pd_request` by hand otherwise (NIXL)."""
+    spec = deployment.spec
+    prefill, decode = (next(i for i in deployment.instances if i.spec.role == role) for role in ("prefill", "decode"))
+    if spec.connector.kind == "lmcache":
+        if not deployment.router_url:
+            raise ValueError("an LMCache P/D deployment is traced through its router: give the spec a `router`")
+        return await trace_lmcache_request(deployment.router_url, deployment.served_model, prompt,
+                                           sender_log=prefill.log_path, receiver_log=decode.log_path,
+                                           chunk_tokens=spec.connector.lmcache.chunk_size, max_tokens=max_tokens)
+    return await trace_pd_request(prefill.url, decode.url, deployment.served_model, prompt, max_tokens=max_tokens)

@@ -199,15 +199,18 @@ TRANSFER_PARTS = (("prefill", "prefill_s", "#ff7f0e"), ("wait", "wait_s", "#c7c7
 def transfer_figure(traces: Mapping[str, Sequence], title: str = "Each request's time to first token, in parts"
                     ) -> go.Figure:
     """One bar per traced P/D request (`pdlab.metrics.kv.TransferTrace`), grouped by label (a link rate, a
-    condition): prefill, wait, KV transfer and first decode step laid end to end, in milliseconds. Hover a KV
-    segment for its bytes and rate."""
+    condition): prefill, wait, KV transfer and first decode step laid end to end, in milliseconds (LMCache's
+    traces: the push right after the prefill, then the wait). Hover a KV segment for its bytes and rate."""
     rows = [(f"{label} · {trace.prompt_tokens:,} tokens · #{i + 1}", trace)
             for label, group in traces.items() for i, trace in enumerate(group)]
     names = [name for name, _ in rows]
     fig = go.Figure()
-    for part, attribute, colour in TRANSFER_PARTS:
+    parts = TRANSFER_PARTS
+    if rows and all(trace.connector == "lmcache" for _, trace in rows):  # pushed as the prefill ends, then loaded
+        parts = (TRANSFER_PARTS[0], TRANSFER_PARTS[2], TRANSFER_PARTS[1], TRANSFER_PARTS[3])
+    for part, attribute, colour in parts:
         values = [getattr(trace, attribute) * 1e3 for _, trace in rows]
-        text = [f"{part}: {value:,.1f} ms" + (f"<br>{trace.bytes / 1e6:,.2f} MB in {trace.blocks} blocks, "
+        text = [f"{part}: {value:,.1f} ms" + (f"<br>{trace.bytes / 1e6:,.2f} MB in {trace.blocks} {trace.unit}s, "
                                               f"{(trace.throughput_mb_s or 0) * 8:,.0f} Mbit/s"
                                               if attribute == "transfer_s" else "")
                 for value, (_, trace) in zip(values, rows, strict=True)]
