@@ -205,6 +205,12 @@ table.round(2)
 # rate (UCX's TCP transport on two busy cores tops out around 1-2 Gbit/s, so a faster link stops mattering here).
 # Compare the transfer with the prefill: on the slow link, for the longest prompt, which is larger?
 #
+# One exception, and it is what pushing buys: vLLM prefills a prompt longer than its step (2,048 tokens here) in
+# several steps, and LMCache pushes each step's KV as soon as that step is done. The first part crosses the link
+# while the rest is computed, so less is left after the prefill's answer, and such a prompt's "Mbit/s in transfer"
+# comes out above the link's rate (the 4,000-token prompt of the full run). NIXL's pull starts only after the whole
+# prefill has answered.
+#
 # ## 5. The same answer as one instance doing both phases
 #
 # Greedy decoding (temperature 0) with `ignore_eos` is deterministic: the decode instance asked to compute a new

@@ -30,7 +30,9 @@
 # 10 GbE. The check moves exactly those bytes across a link shaped to that rate and lands close to the prediction,
 # never below it (a shaped link cannot beat its rate). It sends them over plain TCP, the link itself; `how="nixl"`
 # moves them with a NIXL READ as vLLM does, a few seconds slower to set up. The notebook's own traces, LMCache's
-# pushes, agree at both of its rates: their transfer times are the bytes over the link's rate.
+# pushes, agree at both of its rates for prompts prefilled in one step (up to 2,048 tokens): their transfer times are
+# the bytes over the link's rate. A longer prompt's push begins during its prefill, so less of it is left after the
+# prefill's answer (section 4).
 
 # %%
 import math

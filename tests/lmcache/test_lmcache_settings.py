@@ -280,4 +280,4 @@ def test_each_lines_size_is_read_in_bytes_from_lmcaches_gib(tmp_path):
     counts = logged_tokens(log)["a"]
     assert counts["stored_bytes"] == counts["retrieved_bytes"] == 0.0078 * 2**30
     assert abs(counts["stored_bytes"] - 8 * 256 * 4096) < LOGGED_SIZE_STEP
-    assert (counts["stored"], counts["stored_ms"], counts["retrieved"], counts["retrieved_ms"]) == (2000, 4.0, 2000, 6.0)
+    assert [counts[key] for key in ("stored", "stored_ms", "retrieved", "retrieved_ms")] == [2000, 4.0, 2000, 6.0]

@@ -85,3 +85,24 @@ def test_validation_summary_says_what_the_record_holds():
                    "each_run": {"runs": 3, "simulator_between": 1, "within_goal_or_between": 4, "metrics": 4}}
     assert validation_summary(full) == ("3/4 metrics within 10%, median error 4.0%, max 23.4%; inside the measured 95% "
                                         "interval: 2/4; within 10% or between the 3 runs' own values: 4/4")
+
+
+def test_transfer_figure_lays_each_connectors_parts_in_the_order_they_happen():
+    """NIXL's read comes between two waits (drawn: prefill, wait, transfer, step); LMCache's push right after the
+    prefill, then the wait for the load (drawn: prefill, transfer, wait, step). Hovering the KV part says what
+    moved, in the connector's own unit."""
+    from pdlab.metrics.kv import TransferTrace
+    from pdlab.report.figures import transfer_figure
+
+    common = {"prompt_tokens": 1000, "prefill_s": 0.15, "decode_first_token_s": 0.9, "transfer_s": 0.8,
+              "bytes": 4.19e6, "step_s": 0.01}
+    pushed = TransferTrace(**common, blocks=4, block_tokens=256, connector="lmcache")
+    pulled = TransferTrace(**common, blocks=8)
+    assert (pushed.unit, pulled.unit, pulled.block_tokens) == ("chunk", "block", 128)
+    assert pushed.wait_s == pytest.approx(0.09)
+    lmcache = transfer_figure({"40 Mbit/s": [pushed]})
+    assert [bar.name for bar in lmcache.data] == ["prefill", "KV transfer", "wait", "first decode step"]
+    assert "4.19 MB in 4 chunks" in lmcache.data[1].text[0]
+    nixl = transfer_figure({"40 Mbit/s": [pulled]})
+    assert [bar.name for bar in nixl.data] == ["prefill", "wait", "KV transfer", "first decode step"]
+    assert "in 8 blocks" in nixl.data[2].text[0]
