@@ -134,12 +134,13 @@ assert per_token == seventy_b == 327_680 and p5.gbps == 32 * 100
 
 # %% [markdown]
 # ## Exercise 5
-# On an idle link the bytes are the same and take the same time to cross, so the transfer part hardly changes;
-# what changes is when it starts. LMCache pushes as the prefill ends, and the router waits for the report;
-# NixlConnector's read starts only once the decode instance has the request, so its wait part grows by the
-# handshake and posting of the read. Under load the difference is larger: a pull is served by the prefill instance
-# between its steps, so it waits while that instance computes other prompts; a push leaves right after the
-# prompt's own prefill. The demo lab's recorded run of both connectors under the same load shows it (the cell
+# On an idle link the two come out close for prompts prefilled in one step: the same bytes (NIXL counts vLLM's
+# 128-token blocks, LMCache its 256-token chunks: the same 4,096 tokens' worth for a 4,000-token prompt) cross at
+# the link's rate, and the pull's set-up adds little to the wait. What differs is when the move starts. LMCache
+# pushes each prefill step's KV as soon as the step is done, so a longer prompt's push is partly over when the
+# prefill answers; NixlConnector's read starts only once the decode instance has the request. Under load the
+# difference grows: a pull is served by the prefill instance between its steps, so it waits while that instance
+# computes other prompts; a push leaves right after the prompt's own prefill step. The demo lab's recorded run of both connectors under the same load shows it (the cell
 # reads it): the long prompts' first token came a median of 385 ms after the prefill's answer with NIXL's pull,
 # 53 ms with LMCache's push
 # <!-- cite data/results/hol-blocking/20261205-231820/summary.json: scenarios.disaggregated.by_path.disaggregated.after_prefill_ms.p50, scenarios.disaggregated_lmcache.by_path.disaggregated.after_prefill_ms.p50 -->.
