@@ -143,7 +143,7 @@ assert per_token == seventy_b == 327_680 and p5.gbps == 32 * 100
 # computes other prompts; a push leaves right after the prompt's own prefill step. The demo lab's recorded run of both connectors under the same load shows it (the cell
 # reads it): the long prompts' first token came a median of 385 ms after the prefill's answer with NIXL's pull,
 # 53 ms with LMCache's push
-# <!-- cite data/results/hol-blocking/20261205-231820/summary.json: scenarios.disaggregated.by_path.disaggregated.after_prefill_ms.p50, scenarios.disaggregated_lmcache.by_path.disaggregated.after_prefill_ms.p50 -->.
+# <!-- cite data/results/hol-blocking/20261205-231820/summary.json: -, -, -, -, scenarios.disaggregated.by_path.disaggregated.after_prefill_ms.p50, scenarios.disaggregated_lmcache.by_path.disaggregated.after_prefill_ms.p50 -->.
 
 # %%
 import json
