@@ -684,3 +684,27 @@ def test_a_trace_replays_with_shared_blocks_for_equal_leading_hash_ids(tmp_path)
     assert third.prefix_hashes[64] != first.prefix_hashes[64], "a block after a difference is a different block"
     with pytest.raises(ValueError, match="exactly one of"):
         SimWorkload(trace=SimTrace(path=str(path)), requests=[{"at_s": 0, "prompt_tokens": 1, "output_tokens": 1}])
+
+
+def test_a_classs_percentiles_are_numpys_to_the_last_bit() -> None:
+    """The simulator's summary takes p50/p99 without numpy's per-call overhead; the result must be numpy's own."""
+    import numpy as np
+
+    from pdlab.sim.summary import _percentile, _stats
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        values = rng.exponential(1.0, int(rng.integers(1, 60))) * float(rng.choice([1e-3, 1.0, 1e3]))
+        ordered = sorted(values.tolist())
+        for q in (0, 1, 10, 37.5, 50, 90, 99, 100):
+            assert _percentile(ordered, q) == float(np.percentile(values, q))
+    with_nan = np.array([1.0, float("nan"), 3.0])
+    assert np.isnan(_stats(with_nan)["p50"]) and _stats(np.empty(0))["p99"] is None
+
+
+def test_step_offsets_do_not_depend_on_how_many_are_drawn_at_once() -> None:
+    import itertools
+
+    jitter = ServingOverheads(step_jitter_s=(-0.001, 0.0, 0.002, 0.01))
+    small, large = (list(itertools.islice(jitter.step_jitters(seed=7, block=block), 1000)) for block in (256, 4096))
+    assert small == large

@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -343,12 +344,17 @@ class Deployment:
                 httpx.Client(timeout=WARM_UP_TIMEOUT_S) as client:
             task = progress.add_task("warming up: a first request per instance", total=len(self.instances) + len(pairs))
             body = {"model": self.served_model, "prompt": prompt, "max_tokens": 2, "temperature": 0.0}
-            for inst in self.instances:
-                # A stand-in LMCache sender refuses a request without a disagg_spec, as LMCache's own sender fails
-                # on one; pdlab's connector serves it (pdlab.lmcache.connector), so a real sender is warmed up too.
-                if not (self.stand_ins and self.spec.kv_protocol == "lmcache" and inst.spec.role == "prefill"):
-                    _warm_post(client, inst.url, body, f"the warm-up request to {inst.name}")
-                progress.advance(task)
+            # A stand-in LMCache sender refuses a request without a disagg_spec, as LMCache's own sender fails on
+            # one; pdlab's connector serves it (pdlab.lmcache.connector), so a real sender is warmed up too.
+            first = [inst for inst in self.instances
+                     if not (self.stand_ins and self.spec.kv_protocol == "lmcache" and inst.spec.role == "prefill")]
+            progress.advance(task, len(self.instances) - len(first))
+            # All at once: each instance computes on its own cores (where two share a core, they take turns).
+            with ThreadPoolExecutor(max_workers=max(1, len(first)), thread_name_prefix="pdlab-warm-up") as pool:
+                for done in as_completed([pool.submit(_warm_post, client, inst.url, body,
+                                                      f"the warm-up request to {inst.name}") for inst in first]):
+                    done.result()
+                    progress.advance(task)
             for prefill, decode in pairs:
                 progress.update(task, description=f"warming up: a first KV transfer {prefill.name} -> {decode.name}")
                 answer = _warm_post(client, prefill.url, prefill_body(body),

@@ -363,10 +363,12 @@ class ServingOverheads:
     admission_s: dict[str, float] = field(default_factory=dict)
     request_per_stream_s: float = 0.0
 
-    def step_jitters(self, seed: int = 0, block: int = 4096, pd: bool = False):  # type: ignore[no-untyped-def]
+    def step_jitters(self, seed: int = 0, block: int = 256, pd: bool = False):  # type: ignore[no-untyped-def]
         """An endless supply of step-time offsets (s) drawn from `step_jitter_s` (0.0 when there are none); with
         `pd`, from `step_jitter_pd_s` when the profile has it. The same seed draws the same probabilities either way
-        (an engine serves one kind of deployment), so equal quantiles give equal offsets."""
+        (an engine serves one kind of deployment), so equal quantiles give equal offsets. Drawn `block` at a time:
+        numpy's generator gives the same stream whatever the block, and a small one spares the many short
+        simulations of a calibration fit from drawing thousands of offsets they never use."""
         quantiles = self.step_jitter_pd_s if pd and self.step_jitter_pd_s else self.step_jitter_s
         if not quantiles:
             while True:

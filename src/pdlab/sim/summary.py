@@ -27,10 +27,25 @@ def token_times(request: SimRequest) -> np.ndarray:
     return np.concatenate([inst.step_end_array()[first:first + n] for inst, first, n in request.segments] + [last])
 
 
+def _percentile(ordered: list[float], q: float) -> float:
+    """`np.percentile(values, q)` (its default, linear method) of `ordered`, the values sorted: the same floating-point
+    operations in the same order, so the same result to the last bit, at a small fraction of numpy's cost on the few
+    values one simulated class has (a calibration fit summarizes tens of thousands of simulations)."""
+    virtual = (len(ordered) - 1) * (q / 100)
+    below = math.floor(virtual)
+    a, b = ordered[below], ordered[min(below + 1, len(ordered) - 1)]
+    gamma = virtual - below
+    return b - (b - a) * (1 - gamma) if gamma >= 0.5 else a + (b - a) * gamma
+
+
 def _stats(values: np.ndarray) -> dict[str, float | None]:
     if values.size == 0:
         return {"p50": None, "p99": None, "max": None, "mean": None}
-    p50, p99 = np.percentile(values, [50, 99])
+    if np.isnan(values).any():  # numpy's NaN rules
+        p50, p99 = np.percentile(values, [50, 99])
+    else:
+        ordered = sorted(values.tolist())
+        p50, p99 = _percentile(ordered, 50), _percentile(ordered, 99)
     return {"p50": float(p50), "p99": float(p99), "max": float(values.max()), "mean": float(values.mean())}
 
 
