@@ -133,11 +133,13 @@ COMMANDS: dict[str, Way] = {
                                                            expect="LMCacheConnectorV1", why=AS_WRITTEN),
     "pdlab up labs/local-1p1d-lmcache.yaml": Way(
         "pdlab up {LAB}", "session", why="tests/lmcache/test_lmcache_pd.py starts this lab exactly so, with the test "
-        "model and ports of its own, sends it requests through the router, and stops it with `pdlab down NAME` "
-        "(starting LMCache's two instances once more here would add ~40 s to make test)"),
+        "model and ports of its own, sends it requests through the router, and stops it with `pdlab down NAME`; it "
+        "is an extended test (`pytest -m extended`), left out of make test for time. In make test the same launcher "
+        "starts LMCache's P/D in notebook 03 (on nodes, as root) and in `pdlab run labs/hol-blocking.yaml --quick`"),
     "pdlab down local-1p1d-lmcache": Way(
-        "pdlab down NAME", "session", why="tests/lmcache/test_lmcache_pd.py stops its LMCache deployment exactly so "
-        "(under its own name) and checks nothing of it is left"),
+        "pdlab down NAME", "session", why="tests/lmcache/test_lmcache_pd.py (extended) stops its LMCache deployment "
+        "exactly so (under its own name) and checks nothing of it is left; make test runs `pdlab down NAME` on "
+        "the session's deployment"),
     # --- the course (notebook 00, docs/course.md): what `pdlab up` would run, started nothing
     "pdlab up labs/local-1p1d.yaml --dry-run": Way("pdlab up labs/local-1p1d.yaml --dry-run",
                                                    expect="--kv-transfer-config", why=AS_WRITTEN),

@@ -19,7 +19,11 @@ from pdlab.load.prompts import PromptBuilder
 from pdlab.settings import DECODE_REPLICA_HEADER, KV_WAIT_MS_HEADER, PATH_HEADER, REQUEST_ID_HEADER
 from tests.conftest import REPO, TEST_MODEL, pdlab_down, run_pdlab
 
-pytestmark = pytest.mark.e2e
+# Extended (`pytest -m extended`): make test has no room for a third LMCache deployment. What it checks is checked
+# there by notebook 03 (LMCache P/D behind the router, greedy tokens as one instance writes them, every traced
+# prompt pushed and loaded) and by the demo lab's LMCache scenario under `pdlab run` (tests/test_docs_commands.py);
+# what only this test does is start it with `pdlab up` as docs/lmcache.md types it, and compare logprobs.
+pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
 NAME = "pytest-lmcache"
 PREFILL, DECODE, ROUTER = 8140, 8141, 8149
