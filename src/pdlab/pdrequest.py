@@ -166,12 +166,9 @@ async def pd_completion_async(
         token_times: list[float] = []
         usage: dict[str, Any] = {}
         if stream:
-            record, buffer = StreamRecord(), b""
+            record = StreamRecord()
             async for chunk in stream_decode(client, decode_url, "/v1/completions", decode_body(body, params)):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    record.feed(line, time.perf_counter() - start)
+                record.feed_bytes(chunk, time.perf_counter() - start)
             if record.error:
                 raise UpstreamError("decode", record.error)
             usage = {"prompt_tokens": record.usage_prompt_tokens, "completion_tokens": record.usage_completion_tokens}

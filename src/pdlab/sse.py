@@ -31,6 +31,14 @@ class StreamRecord:
     """The `data: [DONE]` sentinel arrived: the stream ended normally."""
     error: str | None = None
     """An error object sent inside the stream (vLLM does this for errors after the headers went out)."""
+    _partial: bytes = field(default=b"", repr=False)
+    """The start of a line whose end has not arrived yet (`feed_bytes`)."""
+
+    def feed_bytes(self, chunk: bytes, at: float) -> None:
+        """Take raw body bytes as they arrived (any cut: a line split across chunks is fed once whole)."""
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            self.feed(line, at)
 
     def feed(self, line: bytes | str, at: float) -> None:
         """Take one line of the body, received `at` seconds after the request was sent."""

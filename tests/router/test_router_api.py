@@ -91,6 +91,15 @@ def test_disaggregated_request_carries_kv_params_to_decode(client):
     assert metric(url(DECODE), "standin_requests_total", kind="remote_prefilled") == before_remote + 1
 
 
+def test_a_lone_surrogate_outside_the_prompt_goes_through_both_legs(client):
+    """The router re-encodes a P/D request's body for each leg: what its JSON parser lets in, it can write."""
+    set_config(client, threshold=0)
+    body = b'{"model": "pdlab-tiny", "prompt": "hi", "max_tokens": 2, "user": "a \\ud800 b"}'
+    response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert response.headers[PATH_HEADER] == "disaggregated"
+
+
 @pytest.mark.parametrize("threshold", [0, 10**6])
 def test_streaming_chat_both_paths(client, threshold):
     set_config(client, threshold=threshold)
@@ -142,6 +151,7 @@ BAD_INPUTS = [
     ("nested 100,000 deep", b'{"model": "pdlab-tiny", "prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000
      + b"}", None, "invalid_json"),
     ("lone surrogate", b'{"model": "pdlab-tiny", "prompt": "a \\ud800 b"}', "prompt", "invalid_prompt"),
+    ("NaN", b'{"model": "pdlab-tiny", "prompt": "hi", "temperature": NaN}', None, "invalid_json"),
     ("prompt far over context", {"model": MODEL, "prompt": "x" * 300_000}, "prompt", "context_length_exceeded"),
 ]
 

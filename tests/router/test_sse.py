@@ -62,3 +62,18 @@ def test_a_chat_role_chunk_carries_no_token():
     usage = {"prompt_tokens": 5, "completion_tokens": 1}
     record.feed(event({"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": usage}), 0.5)
     assert record.token_times == [0.5]
+
+
+def test_raw_chunks_cut_anywhere_give_the_same_record():
+    body = b"".join(line + b"\n\n" for line in (
+        event({"choices": [{"index": 0, "text": "é", "finish_reason": None}]}),
+        event({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]}),
+        b"data: [DONE]"))
+    whole = StreamRecord()
+    whole.feed_bytes(body, 1.0)
+    for cut in range(1, len(body)):
+        record = StreamRecord()
+        record.feed_bytes(body[:cut], 1.0)
+        record.feed_bytes(body[cut:], 1.0)
+        assert record == whole
+    assert whole.complete and whole.text == "éb" and len(whole.token_times) == 2

@@ -114,8 +114,9 @@ def _cpu_seconds(proc: ManagedProcess | None) -> float:
 
 
 #: Where a profiled router's time goes, by the file a function lives in (first match wins).
-PROFILE_GROUPS = (("pdlab router", "/pdlab/router/"), ("pdlab other", "/pdlab/"),
-                  ("aiohttp (upstream client)", "/aiohttp/"), ("uvicorn + httptools (server)", "/uvicorn/"),
+PROFILE_GROUPS = (("pdlab upstream client", "/pdlab/router/upstream.py"), ("pdlab router", "/pdlab/router/"),
+                  ("pdlab other", "/pdlab/"), ("aiohttp (health checks)", "/aiohttp/"),
+                  ("uvicorn + httptools (server)", "/uvicorn/"),
                   ("prometheus_client", "/prometheus_client/"), ("json", "/json/"), ("asyncio", "/asyncio/"),
                   ("C built-ins (socket writes, parsers)", "~"))
 PROFILE_FILE = "pdlab-router.prof"

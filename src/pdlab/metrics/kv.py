@@ -268,7 +268,7 @@ async def trace_lmcache_request(router_url: str, model: str, prompt: str, *, sen
     since = {path: log_end(path) for path in (sender_log, receiver_log)}
     body = {"model": model, "prompt": prompt, "max_tokens": max(3, max_tokens), "temperature": 0.0, "stream": True,
             "ignore_eos": True, "stream_options": STREAM_OPTIONS}
-    record, buffer = StreamRecord(), b""
+    record = StreamRecord()
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.perf_counter()
         async with client.stream("POST", router_url.rstrip("/") + "/v1/completions", json=body,
@@ -277,10 +277,7 @@ async def trace_lmcache_request(router_url: str, model: str, prompt: str, *, sen
                 raise RuntimeError(f"the router answered {response.status_code}: {(await response.aread())[:300]!r}")
             headers = response.headers
             async for chunk in response.aiter_raw():
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    record.feed(line, time.perf_counter() - start)
+                record.feed_bytes(chunk, time.perf_counter() - start)
     if record.error or not record.token_times:
         raise RuntimeError(f"request {rid}: the stream ended with no tokens ({record.error or 'no error given'})")
     if headers.get(PATH_HEADER) != "disaggregated":

@@ -14,9 +14,10 @@ protocol allows it) or refused with 503 and Retry-After. A client that goes away
 every path (the upstream connection is closed, so vLLM aborts).
 
 The generation endpoints are plain ASGI (no framework layers between uvicorn and the handler: they were a large
-share of the router's CPU per request); the other endpoints are a starlette app. aiohttp calls the upstreams (its C
-HTTP parser and simple connection pool cost a fraction of httpx's per call). The P/D legs' parameters come from the
-registered KV protocol (`pdlab.router.kv`); routing decisions are the pure functions of `pdlab.router.strategies`.
+share of the router's CPU per request); the other endpoints are a starlette app. Generation calls to the instances
+go through the router's own HTTP/1.1 client over httptools (`pdlab.router.upstream`: a quarter of aiohttp's CPU per
+call); health checks and metric scrapes through aiohttp. The P/D legs' parameters come from the registered KV
+protocol (`pdlab.router.kv`); routing decisions are the pure functions of `pdlab.router.strategies`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ from pdlab.router.strategies import (
     decide,
 )
 from pdlab.router.tokens import PromptError, PromptTokenizer, PromptTooLong
-from pdlab.router.validation import RequestError, check_request, error_body, error_response, parse_json
+from pdlab.router.upstream import ConnectFailed, UpstreamClient, UpstreamError
+from pdlab.router.upstream import Response as Upstream
+from pdlab.router.validation import RequestError, check_request, dump_json, error_body, error_response, parse_json
 from pdlab.settings import (
     ADMIN_TOKEN_ENV,
     DECODE_REPLICA_HEADER,
@@ -87,7 +90,7 @@ BODY_BYTES_PER_TOKEN = 64
 MIN_BODY_BYTES = 2**20
 #: Longest wait between two attempts of an upstream call.
 MAX_BACKOFF_S = 1.0
-#: Seconds to wait for an upstream's end after its `[DONE]` (else its connection is dropped, not reused).
+#: Seconds an upstream's answer may take to end after its `[DONE]` (else its connection is dropped, not reused).
 DRAIN_S = 1.0
 #: An SSE stream's last event: the chunk ending with it is sent as the response's last (one write fewer).
 _DONE = b"data: [DONE]\n\n"
@@ -120,7 +123,7 @@ class Exchange:
         self.decode_url: str | None = None
         self.status = 0
         self.first_at: float | None = None
-        self.upstream: aiohttp.ClientResponse | None = None
+        self.upstream: Upstream | None = None
         self.prompt_tokens = 0
 
     def _headers(self, content_type: bytes, length: int | None, close: bool) -> list[tuple[bytes, bytes]]:
@@ -175,7 +178,8 @@ class Router:
         self.admin_token = spec.admin_secret() or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.metrics.threshold.set(self.settings.threshold)
         self.in_flight = 0
-        self.client: aiohttp.ClientSession | None = None
+        self.metrics.in_flight.set_function(lambda: self.in_flight)  # read when scraped, not kept per request
+        self.client: UpstreamClient | None = None
         self._ids = itertools.count()
         self._id_prefix = f"pdlab-{os.urandom(6).hex()}-"
         self._upstream_headers = {"content-type": "application/json"}
@@ -197,22 +201,19 @@ class Router:
     @contextlib.asynccontextmanager
     async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
         # No total timeout (a long generation is fine); bounded connect, and bounded silence between bytes.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(5.0, self.spec.upstream_timeout_s),
-                                        sock_read=self.spec.upstream_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=HTTP_KEEP_ALIVE_S)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
-                                         cookie_jar=aiohttp.DummyCookieJar()) as client:  # upstreams set no cookies
-            self.client = client
-            await self.kv.start()
-            watcher = asyncio.create_task(self._watch_upstreams())
-            try:
-                yield
-            finally:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-                await self.kv.close()
-                self.client = None
+        self.client = UpstreamClient(connect_timeout_s=min(5.0, self.spec.upstream_timeout_s),
+                                     read_timeout_s=self.spec.upstream_timeout_s, keepalive_s=HTTP_KEEP_ALIVE_S)
+        await self.kv.start()
+        watcher = asyncio.create_task(self._watch_upstreams())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await self.kv.close()
+            self.client.close()
+            self.client = None
 
     async def _watch_upstreams(self) -> None:
         """Active health checks of every replica (feeding the breakers), and vLLM's load gauges when a strategy
@@ -240,12 +241,15 @@ class Router:
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         arrived = time.perf_counter()
-        headers = {k: v for k, v in scope["headers"]}
+        headers = dict(scope["headers"])
         given_id = headers.get(b"x-request-id")
         ex = Exchange(send, given_id.decode(errors="replace") if given_id else self._id_prefix + f"{next(self._ids)}",
                       chat, arrived)
+        loop = self.client.loop if self.client is not None else asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
         try:
-            ex.raw = await self._read_body(receive, headers.get(b"content-length"), arrived)
+            ex.raw = await self._read_body(receive, headers.get(b"content-length"), loop, task)
         except RequestError as error:
             self.metrics.count(self.metrics.rejected, "bad_body")
             return await ex.error(error, close=True)  # the rest of a refused body is not read: close
@@ -258,10 +262,7 @@ class Router:
                                                f"(max_in_flight={self.spec.max_in_flight}); retry shortly", None,
                                                "overloaded"))
         self.in_flight += 1
-        self.metrics.in_flight.inc()
-        task = asyncio.current_task()
-        assert task is not None
-        watcher = asyncio.create_task(self._watch_client(receive, ex, task))
+        watcher = loop.create_task(self._watch_client(receive, ex, task))
         try:
             await self._serve(ex, headers)
         except asyncio.CancelledError:
@@ -280,13 +281,14 @@ class Router:
             if ex.upstream is not None:
                 ex.upstream.close()  # not read to its end (the client left, or the stream failed): drop it
             self.in_flight -= 1
-            self.metrics.in_flight.dec()
             if log.isEnabledFor(logging.INFO):
                 self._log(ex)
 
-    async def _read_body(self, receive: Receive, declared: bytes | None, arrived: float) -> bytes:
+    async def _read_body(self, receive: Receive, declared: bytes | None, loop: asyncio.AbstractEventLoop,
+                         task: asyncio.Task) -> bytes:
         """The request body, refused (413) as soon as it is known to exceed the limit, and (408) when it takes
-        longer than `body_timeout_s` to arrive."""
+        longer than `body_timeout_s` to arrive (a timer cancels the reading: asyncio.timeout costs more per
+        request)."""
         limit = self.max_body_bytes
         if declared is not None:
             try:
@@ -297,25 +299,35 @@ class Router:
                 raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            task.cancel()
+
+        timer = loop.call_later(self.spec.body_timeout_s, expire)
         try:
-            async with asyncio.timeout(self.spec.body_timeout_s - (time.perf_counter() - arrived)):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        raise ClientGone
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise _too_large(limit)
-                    if not message.get("more_body", False):
-                        if not chunks:
-                            return chunk
-                        chunks.append(chunk)
-                        return b"".join(chunks)
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                if not message.get("more_body", False):
+                    if not chunks:
+                        return chunk
                     chunks.append(chunk)
-        except TimeoutError:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        except asyncio.CancelledError:
+            if not expired or task.uncancel():
+                raise  # not (only) the timer: the server is stopping
             raise RequestError(408, f"the request body did not arrive within {self.spec.body_timeout_s:g} s",
                                None, "body_timeout") from None
+        finally:
+            timer.cancel()
 
     async def _watch_client(self, receive: Receive, ex: Exchange, task: asyncio.Task) -> None:
         """Cancel the request's handling (and so its upstream calls) when the client disconnects early."""
@@ -378,7 +390,7 @@ class Router:
                 decision = Decision("direct", outcome, decision.counted_tokens)
                 ex.reply_headers["x-pdlab-fallback"] = "prefill-unavailable"
             elif outcome:
-                payload = _dumps(decode_body(body, outcome))
+                payload = dump_json(decode_body(body, outcome))
         await self._answer(ex, call, decision, decode, payload, settings)
 
     async def _disaggregate(self, ex: Exchange, call: _Call, body: dict[str, Any], decode: Replica,
@@ -425,7 +437,7 @@ class Router:
                                 started: float) -> dict[str, Any] | str | None:
         assert self.client is not None
         try:
-            payload = _dumps(prefill_body(body, transfer.prefill_params))
+            payload = dump_json(prefill_body(body, transfer.prefill_params))
         except RecursionError:
             await ex.error(RequestError(400, "the JSON body is nested too deeply", None, "invalid_json"))
             return None
@@ -444,11 +456,13 @@ class Router:
             self.metrics.chose(self.prefill_pool, replica.url)
             replica.in_flight += 1
             try:
-                async with self.client.post(replica.endpoint(call.endpoint), data=payload,
-                                            headers=call.headers) as response:
+                response = await self.client.post(replica.endpoint(call.endpoint), payload, call.headers)
+                try:
                     content = await response.read()
-                    status = response.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                finally:
+                    response.release()
+                status = response.status
+            except (UpstreamError, TimeoutError) as error:
                 kind = _error_kind(error)
                 self.metrics.count(self.metrics.upstream_errors, "prefill", kind)
                 replica.breaker.failure(at_once=kind == "connect")
@@ -476,8 +490,8 @@ class Router:
                                         "error": content[:300].decode(errors="replace")}))
                 continue
             try:
-                answer = json.loads(content).get("kv_transfer_params")
-            except (ValueError, AttributeError):
+                answer = parse_json(content).get("kv_transfer_params")
+            except (RequestError, AttributeError):
                 replica.breaker.failure()
                 self.metrics.count(self.metrics.upstream_errors, "prefill", "bad_json")
                 reason = "prefill_error"
@@ -590,8 +604,8 @@ class Router:
         assert self.client is not None
         stage = "decode" if replica in self.decode_pool.replicas else "prefill"
         try:
-            upstream = await self.client.post(replica.endpoint(call.endpoint), data=payload, headers=call.headers)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            upstream = await self.client.post(replica.endpoint(call.endpoint), payload, call.headers)
+        except (UpstreamError, TimeoutError) as error:
             kind = _error_kind(error)
             self.metrics.count(self.metrics.upstream_errors, stage, kind)
             replica.breaker.failure(at_once=kind == "connect")
@@ -605,7 +619,7 @@ class Router:
         if upstream.status != 200 or not call.stream:
             try:
                 content = await upstream.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            except (UpstreamError, TimeoutError) as error:
                 kind = _error_kind(error)
                 self.metrics.count(self.metrics.upstream_errors, stage, kind)
                 replica.breaker.failure()
@@ -635,7 +649,7 @@ class Router:
         await self._relay(ex, call, upstream, replica, decision.path)
         return None
 
-    async def _relay(self, ex: Exchange, call: _Call, upstream: aiohttp.ClientResponse, replica: Replica,
+    async def _relay(self, ex: Exchange, call: _Call, upstream: Upstream, replica: Replica,
                      path: str) -> None:
         """Pass the upstream's SSE events through. If the upstream dies mid-stream, continue the stream on another
         instance (`_continue`) where one can take it; else end with an error event and `[DONE]`, so the client
@@ -661,14 +675,13 @@ class Router:
                 return
             upstream, replica = continued
 
-    async def _pipe(self, ex: Exchange, upstream: aiohttp.ClientResponse, path: str, relayed: list[bytes]
+    async def _pipe(self, ex: Exchange, upstream: Upstream, path: str, relayed: list[bytes]
                     ) -> BaseException | None:
         """Relay one upstream's events (whole events only: a partial one waits for its end); None when the stream
         ended (the response is complete), else the error that broke it."""
-        content = upstream.content
         pending = b""
         try:
-            while chunk := await content.readany():
+            while chunk := await upstream.readany():
                 if pending or not chunk.endswith(b"\n\n"):
                     chunk = pending + chunk
                     cut = chunk.rfind(b"\n\n") + 2
@@ -680,18 +693,14 @@ class Router:
                     self.metrics.child(self.metrics.ttft, path).observe(ex.first_at - ex.arrived)
                 relayed.append(chunk)
                 if chunk.endswith(_DONE):
-                    # Nothing follows [DONE]: send it as the last chunk (one write fewer), then read the upstream's
-                    # end (here already, or about to be) so its connection goes back to the pool.
+                    # Nothing follows [DONE]: send it as the last chunk (one write fewer). The upstream's end is
+                    # here already or about to be: its connection goes back to the pool when it comes.
                     await ex.body(chunk, more=False)
-                    if not content.at_eof():
-                        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                            await asyncio.wait_for(_drain(content), DRAIN_S)
-                    if content.at_eof():
-                        upstream.release()
-                        ex.upstream = None
+                    upstream.release(end_within_s=DRAIN_S)
+                    ex.upstream = None
                     return None
                 await ex.body(chunk, more=True)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        except (UpstreamError, TimeoutError) as error:
             return error
         await ex.body(pending, more=False)
         upstream.release()
@@ -699,7 +708,7 @@ class Router:
         return None
 
     async def _continue(self, ex: Exchange, call: _Call, failed: Replica, relayed: list[bytes]
-                        ) -> tuple[aiohttp.ClientResponse, Replica] | None:
+                        ) -> tuple[Upstream, Replica] | None:
         """Continue a stream cut short on another instance: the request again, with the text the client already
         has appended to its prompt (completions) or as an assistant message to continue (chat), and the remaining
         `max_tokens`. Another decode replica, else a prefill instance where serving from prefill is allowed."""
@@ -713,8 +722,8 @@ class Router:
         if replica is None:
             return None
         try:
-            upstream = await self.client.post(replica.endpoint(call.endpoint), data=payload, headers=call.headers)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            upstream = await self.client.post(replica.endpoint(call.endpoint), payload, call.headers)
+        except (UpstreamError, TimeoutError) as error:
             replica.breaker.failure(at_once=_error_kind(error) == "connect")
             return None
         if upstream.status != 200:
@@ -886,7 +895,7 @@ def _continuation(body: dict[str, Any], chat: bool, relayed: bytes) -> bytes | N
     if isinstance(out.get("min_tokens"), int):
         out["min_tokens"] = max(0, out["min_tokens"] - generated)
     if not record.text:
-        return _dumps(out)
+        return dump_json(out)
     if chat:
         out["messages"] = [*body["messages"], {"role": "assistant", "content": record.text}]
         out["continue_final_message"], out["add_generation_prompt"] = True, False
@@ -897,16 +906,7 @@ def _continuation(body: dict[str, Any], chat: bool, relayed: bytes) -> bytes | N
         if not isinstance(prompt, str):
             return None
         out["prompt"] = prompt + record.text
-    return _dumps(out)
-
-
-async def _drain(content: aiohttp.StreamReader) -> None:
-    while await content.readany():
-        pass
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return dump_json(out)
 
 
 def _too_large(limit: int) -> RequestError:
@@ -915,9 +915,9 @@ def _too_large(limit: int) -> RequestError:
 
 
 def _error_kind(error: BaseException) -> str:
-    if isinstance(error, asyncio.TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
+    if isinstance(error, TimeoutError):
         return "timeout"
-    if isinstance(error, aiohttp.ClientConnectorError):
+    if isinstance(error, ConnectFailed):
         return "connect"
     return "transport"
 

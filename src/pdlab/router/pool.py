@@ -11,10 +11,10 @@ from typing import Literal
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from yarl import URL
 
 from pdlab.config.router import Strategy
 from pdlab.router.strategies import NEEDS_BLOCK_HASHES, ReplicaState, RequestFeatures, make_strategy
+from pdlab.router.upstream import Target, target
 
 BreakerState = Literal["closed", "open", "half_open"]
 
@@ -87,13 +87,13 @@ class Replica:
     in_flight: int = 0
     running: int | None = None
     waiting: int | None = None
-    _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
+    _endpoints: dict[str, Target] = field(default_factory=dict, repr=False)
 
-    def endpoint(self, path: str) -> URL:
-        """`url + path`, parsed once (aiohttp would parse the string on every call)."""
+    def endpoint(self, path: str) -> Target:
+        """`url + path`, parsed once."""
         found = self._endpoints.get(path)
         if found is None:
-            found = self._endpoints[path] = URL(self.url + path)
+            found = self._endpoints[path] = target(self.url + path)
         return found
 
     def state(self) -> ReplicaState:

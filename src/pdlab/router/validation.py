@@ -6,11 +6,30 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from starlette.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
           413: "invalid_request_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_timeout"}
+
+
+#: JSON in and out of the router's hot path: msgspec's codec (a fifth of the json module's time per body); what it
+#: refuses goes to the json module.
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def dump_json(value: Any) -> bytes:
+    """Compact JSON of a (parsed) request body."""
+    try:
+        return _encode(value)
+    except UnicodeEncodeError:  # a lone surrogate the json module let in: it writes it escaped, as it came
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 class RequestError(Exception):
@@ -83,7 +102,10 @@ def parse_json(raw: bytes) -> Any:
     """A request body's JSON; RequestError 400 when it is not JSON, or nested too deeply to parse (a
     RecursionError is the client's doing, not a server fault)."""
     try:
-        return json.loads(raw)
+        try:
+            return _decode(raw)
+        except ValueError:  # msgspec refuses lone surrogates: the json module decides, and words the error
+            return json.loads(raw, parse_constant=_not_json)
     except RecursionError:
         raise RequestError(400, "the JSON body is nested too deeply", None, "invalid_json") from None
     except ValueError as error:
