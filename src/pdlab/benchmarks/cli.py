@@ -467,13 +467,17 @@ def bench_router(
     record: bool = RECORD,
 ) -> None:
     """Router overhead: direct vs pdlab router vs vllm-router, side by side, against fast stand-in upstreams."""
-    from pdlab.benchmarks.router import run_router_bench
+    from pdlab.benchmarks.router import PortsBusy, run_router_bench
     from pdlab.settings import runs_dir
 
     stderr = Console(stderr=True)
     out = out or results.new_path(runs_dir() / "bench" / "router", results.stamp())
-    result = run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens, base_port=base_port,
-                              rounds=rounds, console=stderr, profile=profile)
+    try:
+        result = run_router_bench(out=out, requests=requests, warmup=warmup, max_tokens=max_tokens,
+                                  base_port=base_port, rounds=rounds, console=stderr, profile=profile)
+    except PortsBusy as error:
+        stderr.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
     if profile:
         breakdown = result["profile"]
         stderr.print(f"pdlab router, ms of its own CPU per request under cProfile ({breakdown['requests']} requests; "

@@ -34,6 +34,7 @@ import uvloop
 from rich.console import Console
 
 from pdlab.config.router import RouterSpec, RouterUpstreams
+from pdlab.deploy.plan import port_in_use
 from pdlab.deploy.process import ManagedProcess, serving
 from pdlab.environment import capture
 from pdlab.router.admin import RouterAdmin
@@ -143,6 +144,10 @@ def profile_breakdown(stats_path: Path, requests: int, top: int = 15) -> dict[st
                                "ms_per_request": round(own * per, 4)} for own, calls, name in rows[:top]]}
 
 
+class PortsBusy(RuntimeError):
+    """A port the benchmark needs is taken."""
+
+
 def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tokens: int = 4, base_port: int = 18500,
                      rounds: int = 5, console: Console | None = None, profile: bool = False) -> dict[str, Any]:
     """Start the stand-ins and routers, measure every target at each concurrency, write `out/router-overhead.json`.
@@ -187,6 +192,10 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
         "goal": GOAL,
         "concurrency": {},
     }
+    busy = [port for port in range(base_port, base_port + 7) if port_in_use(HOST, port)]
+    if busy:  # else a server left from another run would answer the health checks and be measured
+        raise PortsBusy(f"port{'s' * (len(busy) > 1)} {', '.join(map(str, busy))} on {HOST} already in use (another "
+                        "`pdlab bench router` running?): stop what holds them, or pass --base-port")
     with contextlib.ExitStack() as stack:
         def serve(name: str, argv: list[str], health: str, log: str, env: dict[str, str] | None = None):
             return stack.enter_context(serving(name, argv, health, out / log, env))
