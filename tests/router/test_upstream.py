@@ -126,7 +126,7 @@ def test_an_idle_connection_the_server_closed_is_replaced_and_the_request_sent_o
     assert seen["requests"] == [b"0", b"1", b"2"] and seen["connections"] == 3
 
 
-@pytest.mark.parametrize("end_after_s", [0.05, 0.6])
+@pytest.mark.parametrize("end_after_s", [0.02, 0.4])
 def test_an_answer_released_before_its_end_keeps_its_connection_only_if_the_end_comes_in_time(end_after_s):
     async def late_end(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: dict) -> None:
         while (body := await _request(reader)) is not None:
@@ -141,12 +141,12 @@ def test_an_answer_released_before_its_end_keeps_its_connection_only_if_the_end_
         for n in range(2):
             response = await client.post(target(url), b"%d" % n, {})
             assert await response.readany() == b"data: [DONE]\n\n"
-            response.release(end_within_s=0.3)
-            await asyncio.sleep(0.7)
+            response.release(end_within_s=0.2)
+            await asyncio.sleep(0.45)
 
     seen = _run(late_end, calls)
     assert seen["requests"] == [b"0", b"1"]
-    assert seen["connections"] == (1 if end_after_s < 0.3 else 2)
+    assert seen["connections"] == (1 if end_after_s < 0.2 else 2)
 
 
 def test_silence_times_out_and_drops_the_connection():

@@ -15,9 +15,9 @@ every path (the upstream connection is closed, so vLLM aborts).
 
 The generation endpoints are plain ASGI (no framework layers between uvicorn and the handler: they were a large
 share of the router's CPU per request); the other endpoints are a starlette app. Generation calls to the instances
-go through the router's own HTTP/1.1 client over httptools (`pdlab.router.upstream`: a quarter of aiohttp's CPU per
-call); health checks and metric scrapes through aiohttp. The P/D legs' parameters come from the registered KV
-protocol (`pdlab.router.kv`); routing decisions are the pure functions of `pdlab.router.strategies`.
+go through the router's own HTTP/1.1 client over httptools (`pdlab.router.upstream`: a fifth of aiohttp's CPU per
+request, profiled); health checks and metric scrapes through aiohttp. The P/D legs' parameters come from the
+registered KV protocol (`pdlab.router.kv`); routing decisions are the pure functions of `pdlab.router.strategies`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The router's HTTP/1.1 client for its generation calls to the instances: kept-alive connections per instance,
 answers parsed by httptools (llhttp, the parser uvicorn serves the router with), bodies handed on as they arrive.
 
-Why not aiohttp here (it still makes the health checks and metric scrapes): a generation call is the router's
-largest cost, and the router makes two per P/D request. On this project's machine (2-core AMD EPYC, uvloop) one
-small POST and its answer cost 0.20 ms of CPU with aiohttp's `ClientSession` against 0.05 ms with this client
-(docs/router.md, "Where the time goes"): aiohttp's request/response objects, its timers per read and its stream
-reader are made for every call. What the router needs is less: POST a body it has already encoded, read the
-status and headers, then the body at once or chunk by chunk; drop the connection when the caller goes away (so the
-instance aborts the request); reuse it otherwise.
+Why not aiohttp here (it still makes the health checks and metric scrapes): the generation calls are the router's
+largest cost, two per P/D request. Profiled in `pdlab bench router --profile`, aiohttp's client took 0.65 ms per
+request (data/results/router-profile/20261205-165359.json) and this one takes 0.13 ms
+(data/results/router-profile/20261206-064021.json); docs/router.md, "Where the time went". aiohttp makes request and
+response objects, timers and a stream reader for every call. What the router needs is less: POST a body it has
+already encoded, read the status and headers, then the body at once or chunk by chunk; drop the connection when the
+caller goes away (so the instance aborts the request); reuse it otherwise.
 
 Semantics the router relies on:
 - `ConnectFailed`: no connection could be made (nothing was sent): safe to try another instance.
