@@ -82,6 +82,28 @@ def test_connections_are_kept_alive_and_both_framings_read():
     assert seen["connections"] == 1 and len(seen["requests"]) == 4
 
 
+def test_an_empty_answer_and_bytes_after_an_answer():
+    """An empty body reads as b""; bytes the server sends after an answer's end mean the connection is off: it is
+    not used again."""
+    async def extra(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: dict) -> None:
+        while (body := await _request(reader)) is not None:
+            seen["requests"].append(body)
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n")
+            if body == b"0":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray")
+            await writer.drain()
+
+    async def calls(client: UpstreamClient, url: str, _: dict) -> None:
+        for n in range(2):
+            response = await client.post(target(url), b"%d" % n, {})
+            assert response.status == 500 and await response.read() == b""
+            await asyncio.sleep(0.1)
+            response.release()
+
+    seen = _run(extra, calls)
+    assert seen["requests"] == [b"0", b"1"] and seen["connections"] == 2
+
+
 def test_streamed_chunks_arrive_as_they_are_sent():
     async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: dict) -> None:
         await _request(reader)

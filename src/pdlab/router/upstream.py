@@ -150,7 +150,7 @@ class Response:
         parts = []
         while chunk := await self.readany():
             parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for none
 
     def release(self, end_within_s: float = 0.0) -> None:
         """Done with this answer: its connection is kept for another call if the answer has ended (or, given
@@ -196,18 +196,26 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._finishing: asyncio.TimerHandle | None = None
         self._paused = False
+        self._complete = False
+        self._stray = False
 
     # --- asyncio.Protocol ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._complete or (self._head_waiter is None and self._response is None):
+            self.abort()  # bytes after the answer's end, or with no call made: this connection is off
+            return
         self.received += len(data)
         self.last_activity = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._fail(UpstreamDisconnected(f"the instance's answer is not HTTP: {error}"))
+            self.abort()
+            return
+        if self._stray:
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -224,6 +232,9 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._complete:  # a second answer to one request
+            self._stray = True
+            return
         status = self.parser.get_status_code()
         if status < 200:  # an interim answer (100 Continue): the real one follows
             self._headers = []
@@ -235,13 +246,14 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(self._response)
 
     def on_body(self, body: bytes) -> None:
-        if self._response is not None:
+        if self._response is not None and not self._complete:
             self._response._feed(body)
 
     def on_message_complete(self) -> None:
-        if self._response is None:  # the end of an interim answer
+        if self._response is None or self._complete:  # the end of an interim answer, or of a stray one
             return
         self.keep_alive = self.parser.should_keep_alive()
+        self._complete = True
         self._response._end()
         if self._finishing is not None:  # released before its end, which has now come
             self._finishing.cancel()
@@ -254,13 +266,15 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             raise UpstreamDisconnected("the connection is closed")
         self.keep_alive = False
+        self._complete = False
         self.received = 0
         self._response = None
         self.last_activity = self.loop.time()
         waiter = self._head_waiter = self.loop.create_future()
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
+        if len(body) < 65536:
+            self.transport.write(head + body)  # one write for a small request
+        else:
+            self.transport.writelines((head, body))
         self.waiting(waiter)
         return waiter
 
@@ -383,6 +397,9 @@ class UpstreamClient:
 
     def _forget(self, conn: _Connection) -> None:
         self._open.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
 
     def close(self) -> None:
         """Close every connection (calls in progress fail)."""
