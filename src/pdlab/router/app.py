@@ -245,7 +245,7 @@ class Router:
         given_id = headers.get(b"x-request-id")
         ex = Exchange(send, given_id.decode(errors="replace") if given_id else self._id_prefix + f"{next(self._ids)}",
                       chat, arrived)
-        loop = self.client.loop if self.client is not None else asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         assert task is not None
         try:
@@ -490,7 +490,7 @@ class Router:
                                         "error": content[:300].decode(errors="replace")}))
                 continue
             try:
-                answer = parse_json(content).get("kv_transfer_params")
+                answer = parse_json(content, strict=False).get("kv_transfer_params")
             except (RequestError, AttributeError):
                 replica.breaker.failure()
                 self.metrics.count(self.metrics.upstream_errors, "prefill", "bad_json")

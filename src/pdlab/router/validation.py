@@ -98,14 +98,15 @@ def check_request(body: Any, chat: bool, served_model: str, max_model_len: int) 
     return GenerationRequest(body=body, chat=chat, stream=stream, max_tokens=max_tokens)
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes, strict: bool = True) -> Any:
     """A request body's JSON; RequestError 400 when it is not JSON, or nested too deeply to parse (a
-    RecursionError is the client's doing, not a server fault)."""
+    RecursionError is the client's doing, not a server fault). Not `strict` (an instance's answer): NaN and
+    Infinity are read as the json module reads them."""
     try:
         try:
             return _decode(raw)
         except ValueError:  # msgspec refuses lone surrogates: the json module decides, and words the error
-            return json.loads(raw, parse_constant=_not_json)
+            return json.loads(raw, parse_constant=_not_json if strict else None)
     except RecursionError:
         raise RequestError(400, "the JSON body is nested too deeply", None, "invalid_json") from None
     except ValueError as error:
