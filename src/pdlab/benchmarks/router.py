@@ -145,6 +145,10 @@ def profile_breakdown(stats_path: Path, requests: int, top: int = 15) -> dict[st
                                "ms_per_request": round(own * per, 4)} for own, calls, name in rows[:top]]}
 
 
+#: Loopback ports the benchmark uses, from --base-port on.
+PORTS = 7
+
+
 class PortsBusy(RuntimeError):
     """A port the benchmark needs is taken."""
 
@@ -160,7 +164,7 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
     out.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = resolve(MODEL)
     prefill_port, decode_port, router_port, vr_port, vr_metrics_port, vr_direct_port, vr_direct_metrics_port = (
-        base_port + i for i in range(7))
+        base_port + i for i in range(PORTS))
     prefill_url, decode_url = f"http://{HOST}:{prefill_port}", f"http://{HOST}:{decode_port}"
     router_url, vr_url = f"http://{HOST}:{router_port}", f"http://{HOST}:{vr_port}"
     vr_direct_url = f"http://{HOST}:{vr_direct_port}"
@@ -193,7 +197,7 @@ def run_router_bench(out: Path, requests: int = 2000, warmup: int = 100, max_tok
         "goal": GOAL,
         "concurrency": {},
     }
-    busy = [port for port in range(base_port, base_port + 7) if port_in_use(HOST, port)]
+    busy = [port for port in range(base_port, base_port + PORTS) if port_in_use(HOST, port)]
     if busy:  # else a server left from another run would answer the health checks and be measured
         raise PortsBusy(f"port{'s' * (len(busy) > 1)} {', '.join(map(str, busy))} on {HOST} already in use (another "
                         "`pdlab bench router` running?): stop what holds them, or pass --base-port")

@@ -883,8 +883,7 @@ def _continuation(body: dict[str, Any], chat: bool, relayed: bytes) -> bytes | N
     if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1) or body.get("echo"):
         return None
     record = StreamRecord()
-    for line in relayed.split(b"\n"):
-        record.feed(line, 0.0)
+    record.feed_bytes(relayed, 0.0)
     if record.done or record.finish_reason is not None or record.error is not None:
         return None
     generated = len(record.token_times)
