@@ -11,6 +11,7 @@ from pdlab.calibration.lab import DEFAULT_LAB_PROFILE, lab_points, lab_requests,
 from pdlab.cli import app
 from pdlab.config import load_lab
 from pdlab.config.sim import SimSpec, SimWorkload
+from pdlab.experiment.lab import quick_workload
 from pdlab.load.prompts import PromptBuilder
 from pdlab.load.schedule import build_schedule
 from pdlab.model import resolve
@@ -30,7 +31,7 @@ def test_a_lab_simulates_what_pdlab_run_measures_in_its_order(small_model: str) 
     requests = lab_requests(lab, model_dir=small_model, quick=True)
     # The load generator's own schedule: same times, lengths and classes, its `prefill_load` sized as `pdlab run`
     # sizes it, with the profile's price of a lone long prefill in place of the one timed on the machine.
-    workload = lab.workload.model_copy(update={"duration_s": lab.experiment.quick_duration_s, "num_requests": None})
+    workload = quick_workload(lab)
     workload = workload.sized(workload.mean_prefill_s(
         {tokens: lone_prefill_s(DEFAULT_LAB_PROFILE, tokens) for tokens in workload.long_lengths()}))
     schedule = build_schedule(workload, PromptBuilder(small_model))

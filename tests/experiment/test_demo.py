@@ -178,3 +178,23 @@ def test_readmes_table_is_what_its_record_gives():
     summary = json.loads(record.read_text())
     assert summary["complete"] and (record.parent / "environment.json").is_file()
     assert set(summary["scenarios"]) == {"colocated", "colocated_chunked", "disaggregated"}
+
+
+def test_a_quick_run_of_the_demo_sends_a_fixed_number_of_requests():
+    """The demo's quick load is the schedule's first `quick_requests` requests, not what a duration lets arrive at
+    the measured rate; `--duration` still cuts by time, and a lab with timed events cannot be cut by count."""
+    from pdlab.config import load_lab
+    from pdlab.config.lab import ExperimentSpec
+    from pdlab.experiment.lab import quick_workload
+    from pdlab.settings import repo_root
+
+    lab = load_lab(repo_root() / "labs" / "hol-blocking.yaml")
+    quick = quick_workload(lab)
+    assert quick.num_requests == lab.experiment.quick_requests and quick.duration_s is None
+    assert quick.model_copy(update={"num_requests": None, "duration_s": None}) == \
+        lab.workload.model_copy(update={"num_requests": None, "duration_s": None})
+    timed = quick_workload(lab, duration_s=3)
+    assert timed.duration_s == 3 and timed.num_requests is None
+    with pytest.raises(ValueError, match="quick_requests.*events"):
+        ExperimentSpec.model_validate({"quick_requests": 10,
+                                       "events": [{"at_s": 1, "action": "kill", "instance": "prefill-0"}]})

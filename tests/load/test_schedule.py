@@ -123,3 +123,17 @@ def test_probe_only_workload(builder):
                                            "output_tokens": 3}), builder)
     assert [i.offset_s for i in items] == pytest.approx([0.25 * n for n in range(8)])
     assert {(i.cls, i.prompt_tokens, i.max_tokens) for i in items} == {("probe", 12, 3)}
+
+
+def test_a_seed_gives_one_arrival_pattern_at_every_rate(builder):
+    """A load sized to the machine sends the same requests in the same order on every machine: the Poisson gaps
+    scale with 1/rate, nothing else changes."""
+    def schedule(rate: float) -> list:
+        spec = parse_workload({"kind": "mixed", "rate": rate, "num_requests": 30, "short_tokens": 16,
+                               "long_tokens": 40, "long_fraction": 0.5, "seed": 3})
+        return build_schedule(spec, builder)
+
+    slow, fast = schedule(1.0), schedule(2.5)
+    assert [(i.cls, i.prompt) for i in fast] == [(i.cls, i.prompt) for i in slow]
+    assert [i.offset_s for i in fast] == pytest.approx([i.offset_s / 2.5 for i in slow], abs=2e-6)
+    assert len({round(b.offset_s - a.offset_s, 3) for a, b in zip(slow, slow[1:])}) > 20  # Poisson, not uniform

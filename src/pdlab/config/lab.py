@@ -71,9 +71,21 @@ class ExperimentSpec(Spec):
     """Failure drills during the load."""
     quick_duration_s: float = Field(default=20.0, gt=0)
     """Load duration used by `--quick` runs (tests, notebooks in CI)."""
+    quick_requests: int | None = Field(default=None, ge=1)
+    """Instead of `quick_duration_s`: `--quick` runs send the schedule's first this many main-load requests,
+    however long they take to arrive. With a load sized to the machine (`prefill_load`), every machine then sends
+    the same requests in the same pattern; a duration would cut it where the measured rate puts the end, a few
+    requests more or less from one run to the next."""
     demo_scenarios: list[str] = []
     """The scenarios `pdlab demo` runs of this lab (the demo lab's headline; `pdlab run` runs them all). Empty:
     all."""
+
+    @model_validator(mode="after")
+    def _quick_requests_without_events(self) -> ExperimentSpec:
+        if self.quick_requests is not None and self.events:
+            raise ValueError("`quick_requests` cannot cut a lab with `events`: their times are in seconds, so a quick "
+                             "run scales them to `quick_duration_s`; give that instead")
+        return self
 
 
 #: The point of the short requests measured alone, on the baseline scenario's deployment.

@@ -37,9 +37,12 @@ class LabError(RuntimeError):
 
 
 def quick_workload(lab: LabSpec, duration_s: float | None = None) -> Any:
-    """The lab's workload shortened for a quick run (tests, notebooks in CI): same rates and shapes."""
+    """The lab's workload shortened for a quick run (tests, notebooks in CI): same rates and shapes, cut at
+    `duration_s` if given, else at the lab's `quick_requests` requests or `quick_duration_s` seconds."""
     if lab.workload is None:
         raise LabError(f"lab {lab.name!r} has no `workload` to run")
+    if duration_s is None and lab.experiment.quick_requests is not None:
+        return lab.workload.model_copy(update={"duration_s": None, "num_requests": lab.experiment.quick_requests})
     duration = duration_s or lab.experiment.quick_duration_s
     return lab.workload.model_copy(update={"duration_s": duration, "num_requests": None})
 

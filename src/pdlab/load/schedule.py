@@ -72,12 +72,15 @@ class _Draft:
 
 
 def _arrivals(rate: float, poisson: bool, seed: int, duration_s: float | None, limit: int | None) -> list[float]:
-    rng = seeded_rng(seed, "arrivals", rate)
+    """Arrival offsets. Poisson gaps are one seeded sequence of unit-mean draws divided by `rate`, so a seed gives
+    the same pattern at every rate, stretched or squeezed: a load sized to each machine's speed (`prefill_load`)
+    sends the same requests in the same order, at the same times measured in that machine's prefills."""
+    rng = seeded_rng(seed, "arrivals")
     times: list[float] = []
     t = 0.0
     while limit is None or len(times) < limit:
         if poisson:
-            t += rng.expovariate(rate)
+            t += rng.expovariate(1.0) / rate
         elif times:
             t += 1.0 / rate
         if duration_s is not None and t >= duration_s:
