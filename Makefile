@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pdlab-installed
 MODELS ?= pdlab-small pdlab-tiny
 PYTEST_ARGS ?=
-# Flags for `make demo`, e.g. DEMO_ARGS='--quick' for a first look (15-second loads).
+# Flags for `make demo`, e.g. DEMO_ARGS='--quick' for a first look (40 requests a scenario, about 12 s of load each).
 DEMO_ARGS ?=
 
 .PHONY: setup model test demo lab preflight lint clean-venv browser-deps

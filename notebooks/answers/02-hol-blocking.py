@@ -26,10 +26,10 @@
 # others, so almost no short request stalls and the worst gap shrinks to a fraction of the 256-token budget's. But
 # each document's prefill is now spread over many steps shared with the streams, so the long prompts' TTFT grows:
 # the documents' users pay for a smaller budget (the streams' ordinary gaps barely move). At 1,024 tokens a
-# 512-token document fits in one step again, and the worst gaps move back towards colocated's. What a real run
-# shows at the shipped 256-token budget: in the recorded full run the chunked scenario's worst gap p99 was 260 ms
-# against 1,635 ms colocated, while about as many short requests stalled at least once, 71% against 73%
-# <!-- cite data/results/hol-blocking/20261205-133730/summary.json: -, -, -, -, -,
+# 384-token document fits in one step again, and the worst gaps move back towards colocated's. What a real run
+# shows at the shipped 256-token budget: in the recorded full run the chunked scenario's worst gap p99 was 259 ms
+# against 1,549 ms colocated, while as many short requests stalled at least once, 83% against 83%
+# <!-- cite data/results/hol-blocking/20261206-093310/summary.json: -, -, -, -, -,
 # scenarios.colocated_chunked.short.worst_gap_ms.p99, scenarios.colocated.short.worst_gap_ms.p99,
 # scenarios.colocated_chunked.short.stalled.share * 100, scenarios.colocated.short.stalled.share * 100 -->:
 # chunking turns one freeze into several medium gaps, it does not remove them.
@@ -102,7 +102,7 @@ assert budgets["worst gap p99 ms"].is_monotonic_increasing, "a smaller budget sh
 assert budgets["long TTFT p50 ms"].is_monotonic_decreasing, "a smaller budget should delay the long prompts"
 assert budgets.loc[64, "long TTFT p99 ms"] > budgets.loc[256, "long TTFT p99 ms"]
 assert budgets.loc[64, "short stalled share"] < budgets.loc[256, "short stalled share"] / 2
-RECORD = repo_root() / "data/results/hol-blocking/20261205-133730/summary.json"
+RECORD = repo_root() / "data/results/hol-blocking/20261206-093310/summary.json"
 recorded = json.loads(RECORD.read_text())["scenarios"]
 print("recorded full run (256-token budget): chunked worst gap p99 "
       f"{recorded['colocated_chunked']['short']['worst_gap_ms']['p99']:,.0f} ms vs colocated "
@@ -119,8 +119,8 @@ budgets.round(2)
 # the short streams still never stall, but the documents share one prefill core that is now nearly saturated (and
 # slower under load than the lone prefills the rate was sized on): they queue, and their TTFT grows several-fold.
 # No full run at 0.8 is recorded. At the shipped 0.55 the recorded run already shows the disaggregated long prompts
-# paying: their TTFT p50 was 684 ms against 330 ms colocated
-# <!-- cite data/results/hol-blocking/20261205-133730/summary.json: -, -, scenarios.disaggregated.long.ttft_ms.p50,
+# paying: their TTFT p50 was 551 ms against 253 ms colocated
+# <!-- cite data/results/hol-blocking/20261206-093310/summary.json: -, -, scenarios.disaggregated.long.ttft_ms.p50,
 # scenarios.colocated.long.ttft_ms.p50 -->.
 
 # %%
@@ -179,9 +179,9 @@ causes[causes["request_id"].isin(twice)].sort_values(["request_id", "t0_s"]).rou
 # shortest of them. The worst gap is one number per request, so its p99 over the requests shows the long freezes
 # whatever share of the gaps they are: that is the figure to read for head-of-line blocking.
 #
-# In the recorded full run, colocated, 73% of the short requests stalled, and their stalls were only 1.1% of their
-# gaps: the ITL p99 (300 ms) just reaches the shortest stalls (a 512-token prefill), while the worst gap p99
-# (1,635 ms) shows the 2,048-token ones <!-- cite data/results/hol-blocking/20261205-133730/summary.json:
+# In the recorded full run, colocated, 83% of the short requests stalled, and their stalls were only 1.7% of their
+# gaps: the ITL p99 (231 ms) lands on the shortest stalls (a 384-token prefill), while the worst gap p99
+# (1,549 ms) shows the 2,048-token ones <!-- cite data/results/hol-blocking/20261206-093310/summary.json:
 # scenarios.colocated.short.stalled.share * 100,
 # scenarios.colocated.short.stalls / scenarios.colocated.short.itl_ms.count * 100,
 # scenarios.colocated.short.itl_ms.p99, -, scenarios.colocated.short.worst_gap_ms.p99, - -->.
