@@ -111,7 +111,8 @@ def _report(run_dir: Path, record: bool, quick: bool, next_steps: str = "") -> N
 
 def run(
     lab: Path = typer.Argument(..., help="Lab spec (YAML) with scenarios and a workload."),
-    quick: bool = typer.Option(False, help="Short loads (the lab's quick_requests or quick_duration_s), for a first look or CI."),
+    quick: bool = typer.Option(False, help="Short loads (the lab's quick_requests or quick_duration_s), for a "
+                               "first look or CI."),
     duration: float = typer.Option(None, help="Load duration in seconds, overriding the lab's."),
     only: list[str] = typer.Option(None, help="Run only these scenarios (repeatable)."),
     out: Path = typer.Option(None, help="Run directory to write (default: runs/<lab>/<timestamp>/)."),
