@@ -125,15 +125,18 @@ def test_probe_only_workload(builder):
     assert {(i.cls, i.prompt_tokens, i.max_tokens) for i in items} == {("probe", 12, 3)}
 
 
-def test_a_seed_gives_one_arrival_pattern_at_every_rate(builder):
-    """A load sized to the machine sends the same requests in the same order on every machine: the Poisson gaps
-    scale with 1/rate, nothing else changes."""
-    def schedule(rate: float) -> list:
-        spec = parse_workload({"kind": "mixed", "rate": rate, "num_requests": 30, "short_tokens": 16,
-                               "long_tokens": 40, "long_fraction": 0.5, "seed": 3})
-        return build_schedule(spec, builder)
+def test_a_measured_rate_stretches_one_pattern_and_a_given_rate_draws_its_own(builder):
+    """A load sized to the machine (`prefill_load`) sends the same requests in the same order on every machine: the
+    Poisson gaps scale with 1/rate, nothing else changes. A rate the spec gives keys the draws (a sweep's rates)."""
+    fields = {"kind": "mixed", "num_requests": 30, "short_tokens": 16, "long_tokens": 40, "long_fraction": 0.5,
+              "seed": 3}
 
-    slow, fast = schedule(1.0), schedule(2.5)
+    def sized(prefill_s: float) -> list:
+        return build_schedule(parse_workload({**fields, "prefill_load": 0.5}).sized(prefill_s), builder)
+
+    slow, fast = sized(1.0), sized(0.4)  # rates 1.0 and 2.5 requests/s
     assert [(i.cls, i.prompt) for i in fast] == [(i.cls, i.prompt) for i in slow]
     assert [i.offset_s for i in fast] == pytest.approx([i.offset_s / 2.5 for i in slow], abs=2e-6)
     assert len({round(b.offset_s - a.offset_s, 3) for a, b in zip(slow, slow[1:], strict=False)}) > 20  # Poisson
+    given = [build_schedule(parse_workload({**fields, "rate": rate}), builder) for rate in (1.0, 2.5)]
+    assert [i.offset_s for i in given[1]] != pytest.approx([i.offset_s / 2.5 for i in given[0]], abs=2e-6)

@@ -82,7 +82,8 @@ class MixedWorkload(_WorkloadBase):
     machines recorded in data/results/prefill/), so a fixed rate that keeps one machine's prefill core comfortably
     busy saturates a slower one's. Before the first scenario, pdlab times lone prefills of the long lengths on the
     machine (`prefill_s`: their mean) and sets `rate = prefill_load / (long_fraction * prefill_s)`; the run's
-    workload.json records both."""
+    workload.json records both. The arrivals are the seed's one pattern stretched to that rate, so every machine
+    sends the same requests in the same order."""
     prefill_s: float | None = Field(default=None, gt=0)
     """Set by pdlab when it sizes a `prefill_load` workload: the measured seconds of one lone long prefill (the mean
     over the long lengths, weighted by their shares, with a `long_tail`)."""

@@ -71,11 +71,13 @@ class _Draft:
     fields: dict
 
 
-def _arrivals(rate: float, poisson: bool, seed: int, duration_s: float | None, limit: int | None) -> list[float]:
-    """Arrival offsets. Poisson gaps are one seeded sequence of unit-mean draws divided by `rate`, so a seed gives
-    the same pattern at every rate, stretched or squeezed: a load sized to each machine's speed (`prefill_load`)
-    sends the same requests in the same order, at the same times measured in that machine's prefills."""
-    rng = seeded_rng(seed, "arrivals")
+def _arrivals(rate: float, poisson: bool, seed: int, duration_s: float | None, limit: int | None,
+              measured_rate: bool = False) -> list[float]:
+    """Arrival offsets. Poisson gaps are seeded unit-mean draws divided by `rate`. A rate the spec gives is part of
+    the seed (each rate of a sweep draws its own pattern); a rate measured on the machine (`prefill_load`) is not:
+    the seed's one pattern is stretched to it, so every machine and every run sends the same requests in the same
+    order, at the same times measured in that machine's prefills."""
+    rng = seeded_rng(seed, "arrivals") if measured_rate else seeded_rng(seed, "arrivals", rate)
     times: list[float] = []
     t = 0.0
     while limit is None or len(times) < limit:
@@ -97,7 +99,7 @@ def _mixed(spec: MixedWorkload, builder: PromptBuilder) -> list[_Draft]:
     lengths = seeded_rng(spec.seed, "long lengths")  # its own stream: a tail changes no arrival and no class
     drafts = []
     for i, t in enumerate(_arrivals(spec.rate, spec.arrival == "poisson", spec.seed, spec.duration_s,
-                                    spec.num_requests)):
+                                    spec.num_requests, measured_rate=spec.prefill_load is not None)):
         long = classes.random() < spec.long_fraction
         tokens = spec.short_tokens
         if long:
