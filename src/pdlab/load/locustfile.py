@@ -15,7 +15,9 @@ connection (`ScheduledUser.warm`). Besides the raw rows, TTFT, ITL and E2E are f
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import csv
 import io
 import json
 import time
@@ -26,7 +28,7 @@ import requests
 from gevent.event import Event
 from locust import HttpUser, events, task
 from locust.exception import StopUser
-from locust.stats import CSV_STATS_INTERVAL_SEC
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from pdlab.load.rows import RowWriter
 from pdlab.load.schedule import ScheduledRequest, read_schedule
@@ -106,13 +108,24 @@ def _on_init(environment: Any, **_: Any) -> None:
 
     def quit_when_done() -> None:
         feed.all_done.wait()
-        # locust rewrites its CSV files once per CSV_STATS_INTERVAL_SEC and not at exit: wait one more
-        # interval so the CSVs hold the final statistics.
-        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
         if environment.runner is not None:
             environment.runner.quit()
 
     gevent.spawn(quit_when_done)
+    if options.csv_prefix:
+        # Locust rewrites its CSV files once a second and not at exit (its shutdown only closes them): write the
+        # final statistics once it has, instead of waiting up to a second for its next round.
+        atexit.register(_write_final_csvs, environment, options.csv_prefix)
+
+
+def _write_final_csvs(environment: Any, prefix: str) -> None:
+    """`<prefix>_stats.csv`, `_failures.csv` and `_exceptions.csv` with the run's final statistics, by locust's own
+    CSV writer (the one its web UI serves them with). `_stats_history.csv` keeps the rows locust appended."""
+    writer = StatsCSV(environment, PERCENTILES_TO_REPORT)
+    for suffix, write in (("stats", writer.requests_csv), ("failures", writer.failures_csv),
+                          ("exceptions", writer.exceptions_csv)):
+        with open(f"{prefix}_{suffix}.csv", "w", newline="") as file:
+            write(csv.writer(file))
 
 
 @events.quit.add_listener  # not `quitting`: that fires before the users are stopped and write their last rows

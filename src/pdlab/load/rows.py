@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where rows are read: the locust process that writes them never needs it
+    import pandas as pd
 
 #: Column -> meaning. The one definition of the rows schema (docs/metrics.md repeats it for readers).
 COLUMNS: dict[str, str] = {
@@ -69,6 +70,8 @@ class RowWriter:
 
 def read_rows(path: str | Path) -> pd.DataFrame:
     """The rows file as a DataFrame, `token_times` decoded into lists of floats."""
+    import pandas as pd
+
     frame = pd.read_csv(path, dtype={"request_id": str, "cls": str, "path": str, "status": str, "error": str,
                                      "server_request_id": str}, keep_default_na=False,
                         na_values={c: [""] for c in COLUMNS if c not in ("request_id", "cls", "path", "status",
@@ -80,6 +83,8 @@ def read_rows(path: str | Path) -> pd.DataFrame:
 
 def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Build a rows DataFrame from dicts (hand-made timelines, notebooks); missing columns are filled."""
+    import pandas as pd
+
     frame = pd.DataFrame(rows)
     if "request_id" not in frame:
         frame["request_id"] = [f"r{i:05d}" for i in range(len(frame))]

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +111,8 @@ def _watch(process: subprocess.Popen, rows_path: Path, total: int, show: bool, l
             if stop is not None and stop.wait(0.25):
                 return True
             if stop is None:
-                time.sleep(0.25)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=0.25)
         bar.update(task, completed=count_rows(rows_path))
         if on_progress is not None:
             on_progress(count_rows(rows_path), total)
