@@ -602,6 +602,7 @@ def test_server_command(command: str, values: dict[str, str]) -> None:
     Ctrl-C as a user would, leaving nothing behind."""
     way = COMMANDS[command]
     env = {**_env(), "PDLAB_ADMIN_TOKEN": "docs-test-token"}
+    tracked_before = _tracked_changes()
     proc = subprocess.Popen(_argv(way, values), cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen: list[str] = []
@@ -634,6 +635,14 @@ def test_server_command(command: str, values: dict[str, str]) -> None:
             pytest.fail(f"`{command}` did not stop on Ctrl-C")
     alive = [p for p in psutil.process_iter() if _in_group(p, proc.pid)]
     assert not alive, f"`{command}` left processes of its group running: {alive}"
+    # `make lab` pairs the notebooks with jupytext: a jupytext other than the one that wrote them must not rewrite
+    # their sources (their headers leave its version out).
+    assert _tracked_changes() == tracked_before, f"`{command}` changed tracked files"
+
+
+def _tracked_changes() -> str:
+    """`git diff` of the tracked files, as it stands."""
+    return subprocess.run(["git", "diff"], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
 
 def _in_group(process: psutil.Process, group: int) -> bool:
