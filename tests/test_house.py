@@ -105,3 +105,17 @@ def test_the_check_sees_an_upward_import() -> None:
         "pdlab.sim.scenario:2 (sim) imports pdlab.deploy.launcher (deploy)",
         "pdlab.benchmarks.prefill:1 (benchmarks) imports pdlab.calibration.lab (calibration)",
     ]
+
+
+def test_the_command_line_starts_without_the_serving_path() -> None:
+    """`pdlab` loads what a command needs when it runs: starting the command line (every `pdlab ...`, and `--help`)
+    imports no deployment launcher, tokenizer, locust or pandas (the rooms' packages give their names on first use).
+    Each of those took tenths of a second at every start."""
+    import subprocess
+    import sys
+
+    heavy = ("pdlab.deploy.launcher", "pdlab.load.prompts", "pdlab.metrics.goodput", "tokenizers", "pandas", "locust")
+    done = subprocess.run([sys.executable, "-c", "import sys, pdlab.cli; "
+                           f"print([m for m in {heavy!r} if m in sys.modules])"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", f"imported when the command line starts: {done.stdout.strip()}"

@@ -10,11 +10,44 @@ subprocess that streams every request and writes one raw row per request.
 Locust itself is only ever imported by the locust subprocess (`pdlab/load/locustfile.py`).
 """
 
-from pdlab.load.prompts import PromptBuilder, PromptError
-from pdlab.load.rows import COLUMNS, FAILED_STATUSES, RowWriter, read_rows, rows_frame
-from pdlab.load.run import LoadResult, run_load
-from pdlab.load.schedule import ScheduledRequest, build_schedule, read_schedule, write_schedule
-from pdlab.sse import StreamRecord
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdlab.load.prompts import PromptBuilder, PromptError
+    from pdlab.load.rows import COLUMNS, FAILED_STATUSES, RowWriter, read_rows, rows_frame
+    from pdlab.load.run import LoadResult, run_load
+    from pdlab.load.schedule import ScheduledRequest, build_schedule, read_schedule, write_schedule
+    from pdlab.sse import StreamRecord
+
+#: Each name's module, imported on first use: a `pdlab` command that needs none of them starts without them.
+_WHERE = {
+    "PromptBuilder": "pdlab.load.prompts",
+    "PromptError": "pdlab.load.prompts",
+    "COLUMNS": "pdlab.load.rows",
+    "FAILED_STATUSES": "pdlab.load.rows",
+    "RowWriter": "pdlab.load.rows",
+    "read_rows": "pdlab.load.rows",
+    "rows_frame": "pdlab.load.rows",
+    "LoadResult": "pdlab.load.run",
+    "run_load": "pdlab.load.run",
+    "ScheduledRequest": "pdlab.load.schedule",
+    "build_schedule": "pdlab.load.schedule",
+    "read_schedule": "pdlab.load.schedule",
+    "write_schedule": "pdlab.load.schedule",
+    "StreamRecord": "pdlab.sse",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "COLUMNS",

@@ -24,11 +24,13 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from pdlab.load.rows import read_rows
 from pdlab.settings import runs_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ENVIRONMENT, WORKLOAD, SUMMARY, REPORT, SWEEP = (
     "environment.json", "workload.json", "summary.json", "report.html", "sweep.csv")

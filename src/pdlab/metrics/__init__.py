@@ -1,19 +1,57 @@
 """How to measure (pdlab.metrics): pure functions over the raw rows of pdlab.load, plus the KV-transfer
 figures vLLM exports. docs/metrics.md is the glossary."""
 
-from pdlab.metrics.goodput import DEFAULT_ATTAINMENT, attainment_curve, goodput_rate, slo_attainment, sweep_table
-from pdlab.metrics.kv import KVTransferStats, parse_kv_transfer, scrape_kv_transfer
-from pdlab.metrics.latency import (
-    DEFAULT_STALL_K,
-    completed,
-    gaps,
-    gaps_during_prefills,
-    itl_values,
-    percentiles,
-    prefill_intervals,
-    request_metrics,
-)
-from pdlab.metrics.summary import build_summary, request_counts, scenario_summary
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdlab.metrics.goodput import DEFAULT_ATTAINMENT, attainment_curve, goodput_rate, slo_attainment, sweep_table
+    from pdlab.metrics.kv import KVTransferStats, parse_kv_transfer, scrape_kv_transfer
+    from pdlab.metrics.latency import (
+        DEFAULT_STALL_K,
+        completed,
+        gaps,
+        gaps_during_prefills,
+        itl_values,
+        percentiles,
+        prefill_intervals,
+        request_metrics,
+    )
+    from pdlab.metrics.summary import build_summary, request_counts, scenario_summary
+
+#: Each name's module, imported on first use: a `pdlab` command that needs none of them starts without them.
+_WHERE = {
+    "DEFAULT_ATTAINMENT": "pdlab.metrics.goodput",
+    "attainment_curve": "pdlab.metrics.goodput",
+    "goodput_rate": "pdlab.metrics.goodput",
+    "slo_attainment": "pdlab.metrics.goodput",
+    "sweep_table": "pdlab.metrics.goodput",
+    "KVTransferStats": "pdlab.metrics.kv",
+    "parse_kv_transfer": "pdlab.metrics.kv",
+    "scrape_kv_transfer": "pdlab.metrics.kv",
+    "DEFAULT_STALL_K": "pdlab.metrics.latency",
+    "completed": "pdlab.metrics.latency",
+    "gaps": "pdlab.metrics.latency",
+    "gaps_during_prefills": "pdlab.metrics.latency",
+    "itl_values": "pdlab.metrics.latency",
+    "percentiles": "pdlab.metrics.latency",
+    "prefill_intervals": "pdlab.metrics.latency",
+    "request_metrics": "pdlab.metrics.latency",
+    "build_summary": "pdlab.metrics.summary",
+    "request_counts": "pdlab.metrics.summary",
+    "scenario_summary": "pdlab.metrics.summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_ATTAINMENT",
