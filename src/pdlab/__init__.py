@@ -1,3 +1,24 @@
 """pdlab: a hands-on lab for disaggregated prefill/decode serving of LLMs."""
 
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def lazy_names(package: str, where: dict[str, str]) -> Callable[[str], Any]:
+    """A package's module `__getattr__` (PEP 562) that imports each name in `where` (name -> its module) on first
+    use and keeps it: a `pdlab` command that needs none of a room's modules starts without them."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name]), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__

@@ -12,8 +12,9 @@ Locust itself is only ever imported by the locust subprocess (`pdlab/load/locust
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pdlab import lazy_names
 
 if TYPE_CHECKING:
     from pdlab.load.prompts import PromptBuilder, PromptError
@@ -22,8 +23,7 @@ if TYPE_CHECKING:
     from pdlab.load.schedule import ScheduledRequest, build_schedule, read_schedule, write_schedule
     from pdlab.sse import StreamRecord
 
-#: Each name's module, imported on first use: a `pdlab` command that needs none of them starts without them.
-_WHERE = {
+__getattr__ = lazy_names(__name__, {
     "PromptBuilder": "pdlab.load.prompts",
     "PromptError": "pdlab.load.prompts",
     "COLUMNS": "pdlab.load.rows",
@@ -38,15 +38,7 @@ _WHERE = {
     "read_schedule": "pdlab.load.schedule",
     "write_schedule": "pdlab.load.schedule",
     "StreamRecord": "pdlab.sse",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+})
 
 
 __all__ = [

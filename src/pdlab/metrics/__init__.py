@@ -3,8 +3,9 @@ figures vLLM exports. docs/metrics.md is the glossary."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pdlab import lazy_names
 
 if TYPE_CHECKING:
     from pdlab.metrics.goodput import DEFAULT_ATTAINMENT, attainment_curve, goodput_rate, slo_attainment, sweep_table
@@ -21,8 +22,7 @@ if TYPE_CHECKING:
     )
     from pdlab.metrics.summary import build_summary, request_counts, scenario_summary
 
-#: Each name's module, imported on first use: a `pdlab` command that needs none of them starts without them.
-_WHERE = {
+__getattr__ = lazy_names(__name__, {
     "DEFAULT_ATTAINMENT": "pdlab.metrics.goodput",
     "attainment_curve": "pdlab.metrics.goodput",
     "goodput_rate": "pdlab.metrics.goodput",
@@ -42,15 +42,7 @@ _WHERE = {
     "build_summary": "pdlab.metrics.summary",
     "request_counts": "pdlab.metrics.summary",
     "scenario_summary": "pdlab.metrics.summary",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+})
 
 
 __all__ = [
