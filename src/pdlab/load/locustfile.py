@@ -114,7 +114,7 @@ def _on_init(environment: Any, **_: Any) -> None:
     gevent.spawn(quit_when_done)
     if options.csv_prefix:
         # Locust rewrites its CSV files once a second and not at exit (its shutdown only closes them): write the
-        # final statistics once it has, instead of waiting up to a second for its next round.
+        # final statistics after it has closed them, instead of waiting up to a second for its next round.
         atexit.register(_write_final_csvs, environment, options.csv_prefix)
 
 
