@@ -119,3 +119,13 @@ def test_the_command_line_starts_without_the_serving_path() -> None:
                            f"print([m for m in {heavy!r} if m in sys.modules])"],
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", f"imported when the command line starts: {done.stdout.strip()}"
+
+
+def test_every_lazy_name_resolves() -> None:
+    """The packages that give their names on first use give every name they export, from the module that has it."""
+    import importlib
+
+    missing = [f"{package}.{name}" for package in ("pdlab.deploy", "pdlab.load", "pdlab.metrics")
+               for name in importlib.import_module(package).__all__
+               if not hasattr(importlib.import_module(package), name)]
+    assert not missing, f"exported but not given: {missing}"

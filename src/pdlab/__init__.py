@@ -10,9 +10,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def lazy_names(package: str, where: dict[str, str]) -> Callable[[str], Any]:
-    """A package's module `__getattr__` (PEP 562) that imports each name in `where` (name -> its module) on first
-    use and keeps it: a `pdlab` command that needs none of a room's modules starts without them."""
+def lazy_names(package: str, modules: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:
+    """A package's module `__getattr__` (PEP 562) that imports each name of `modules` (module -> the names it
+    gives) on first use and keeps it: a `pdlab` command that needs none of a room's modules starts without them."""
+    where = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> Any:
         if name not in where:

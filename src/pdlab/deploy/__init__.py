@@ -12,12 +12,8 @@ if TYPE_CHECKING:
     from pdlab.deploy.plan import InstancePlan, PlanError, plan_deployment
 
 __getattr__ = lazy_names(__name__, {
-    "DeployError": "pdlab.deploy.launcher",
-    "Deployment": "pdlab.deploy.launcher",
-    "RunningInstance": "pdlab.deploy.launcher",
-    "InstancePlan": "pdlab.deploy.plan",
-    "PlanError": "pdlab.deploy.plan",
-    "plan_deployment": "pdlab.deploy.plan",
+    "pdlab.deploy.launcher": ("DeployError", "Deployment", "RunningInstance"),
+    "pdlab.deploy.plan": ("InstancePlan", "PlanError", "plan_deployment"),
 })
 
 

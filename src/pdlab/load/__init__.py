@@ -24,20 +24,11 @@ if TYPE_CHECKING:
     from pdlab.sse import StreamRecord
 
 __getattr__ = lazy_names(__name__, {
-    "PromptBuilder": "pdlab.load.prompts",
-    "PromptError": "pdlab.load.prompts",
-    "COLUMNS": "pdlab.load.rows",
-    "FAILED_STATUSES": "pdlab.load.rows",
-    "RowWriter": "pdlab.load.rows",
-    "read_rows": "pdlab.load.rows",
-    "rows_frame": "pdlab.load.rows",
-    "LoadResult": "pdlab.load.run",
-    "run_load": "pdlab.load.run",
-    "ScheduledRequest": "pdlab.load.schedule",
-    "build_schedule": "pdlab.load.schedule",
-    "read_schedule": "pdlab.load.schedule",
-    "write_schedule": "pdlab.load.schedule",
-    "StreamRecord": "pdlab.sse",
+    "pdlab.load.prompts": ("PromptBuilder", "PromptError"),
+    "pdlab.load.rows": ("COLUMNS", "FAILED_STATUSES", "RowWriter", "read_rows", "rows_frame"),
+    "pdlab.load.run": ("LoadResult", "run_load"),
+    "pdlab.load.schedule": ("ScheduledRequest", "build_schedule", "read_schedule", "write_schedule"),
+    "pdlab.sse": ("StreamRecord",),
 })
 
 

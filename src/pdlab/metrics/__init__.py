@@ -23,25 +23,12 @@ if TYPE_CHECKING:
     from pdlab.metrics.summary import build_summary, request_counts, scenario_summary
 
 __getattr__ = lazy_names(__name__, {
-    "DEFAULT_ATTAINMENT": "pdlab.metrics.goodput",
-    "attainment_curve": "pdlab.metrics.goodput",
-    "goodput_rate": "pdlab.metrics.goodput",
-    "slo_attainment": "pdlab.metrics.goodput",
-    "sweep_table": "pdlab.metrics.goodput",
-    "KVTransferStats": "pdlab.metrics.kv",
-    "parse_kv_transfer": "pdlab.metrics.kv",
-    "scrape_kv_transfer": "pdlab.metrics.kv",
-    "DEFAULT_STALL_K": "pdlab.metrics.latency",
-    "completed": "pdlab.metrics.latency",
-    "gaps": "pdlab.metrics.latency",
-    "gaps_during_prefills": "pdlab.metrics.latency",
-    "itl_values": "pdlab.metrics.latency",
-    "percentiles": "pdlab.metrics.latency",
-    "prefill_intervals": "pdlab.metrics.latency",
-    "request_metrics": "pdlab.metrics.latency",
-    "build_summary": "pdlab.metrics.summary",
-    "request_counts": "pdlab.metrics.summary",
-    "scenario_summary": "pdlab.metrics.summary",
+    "pdlab.metrics.goodput": ("DEFAULT_ATTAINMENT", "attainment_curve", "goodput_rate", "slo_attainment",
+        "sweep_table"),
+    "pdlab.metrics.kv": ("KVTransferStats", "parse_kv_transfer", "scrape_kv_transfer"),
+    "pdlab.metrics.latency": ("DEFAULT_STALL_K", "completed", "gaps", "gaps_during_prefills", "itl_values",
+        "percentiles", "prefill_intervals", "request_metrics"),
+    "pdlab.metrics.summary": ("build_summary", "request_counts", "scenario_summary"),
 })
 
 
