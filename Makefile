@@ -104,7 +104,7 @@ constraints:
 	$(RESOLVE_VENV)/bin/python -m pip install --quiet $(INSTALL_TARGET)
 	$(RESOLVE_VENV)/bin/python -m pip uninstall --quiet --yes $(UNWANTED)
 	$(RESOLVE_VENV)/bin/python -m pip freeze --all --exclude-editable > $(RESOLVE_VENV)/freeze.txt
-	$(PYTHON) -c "import re, sys; \
+	$(PYTHON) -c "import re; \
 	name = lambda line: re.split('[=<>!~ ;@]', line, maxsplit=1)[0].strip().lower().replace('_', '-'); \
 	own = {'pip'} | {name(l) for l in open('$(LMCACHE_REQUIREMENTS)') if l.strip() and not l.startswith('#')}; \
 	head = [l for l in open('$(CONSTRAINTS)') if l.startswith('#')]; \
