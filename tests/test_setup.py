@@ -10,6 +10,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from pdlab.workshop.preflight import CONSTRAINTS_FILE, read_pins
 from tests.conftest import REPO
 
 
@@ -46,15 +47,6 @@ def test_environment_yml_is_a_conda_environment():
     assert "-c constraints.txt" in pip_deps  # the same pins as make setup
 
 
-def _pins(path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[canonicalize_name(name)] = version.strip()
-    return pins
-
-
 def _installed_closure(root: str, extras: tuple[str, ...]) -> tuple[dict[str, str], set[str]]:
     """Every distribution `root[extras]` needs, transitively (each with the extras asked of it), with its installed
     version; and the names it needs that are not installed."""
@@ -89,8 +81,8 @@ def test_constraints_pin_every_package_setup_installs():
     assert "pip install --quiet -c $(CONSTRAINTS) $(INSTALL_TARGET)" in makefile
     extras = re.search(r"INSTALL_TARGET := -e '\.\[(.*)\]'", makefile).group(1).split(",")
     unwanted = {canonicalize_name(n) for n in re.search(r"UNWANTED := (.*)", makefile).group(1).split()}
-    pinned = _pins(REPO / "constraints.txt")
-    lmcache = _pins(REPO / "src" / "pdlab" / "lmcache" / "requirements.txt")
+    pinned = read_pins(REPO / CONSTRAINTS_FILE)
+    lmcache = read_pins(REPO / "src" / "pdlab" / "lmcache" / "requirements.txt")
     assert not pinned.keys() & lmcache.keys(), "LMCache's pins have one home: src/pdlab/lmcache/requirements.txt"
     needed, missing = _installed_closure("pdlab", tuple(extras))
     assert missing == unwanted, "only what make setup removes may be missing"

@@ -41,8 +41,9 @@ def test_this_machine_is_ready_for_the_course() -> None:
     code, report = run_preflight()
     failed = [check for check in report["checks"] if check["status"] == "fail"]
     assert code == 0 and report["passed"] and not failed, f"pre-flight failed here: {failed}"
-    assert {"platform", "python", "cores", "memory", "disk", "packages", "LMCache", "models", "ports",
+    assert {"platform", "python", "cores", "memory", "disk", "packages", "versions", "LMCache", "models", "ports",
             "leftovers"} <= set(by_name(report))
+    assert by_name(report)["versions"]["status"] == "ok", by_name(report)["versions"]  # `make setup` used the pins
     assert by_name(report)["LMCache"]["status"] == "ok", by_name(report)["LMCache"]  # `make setup` installed it
 
 
@@ -58,6 +59,19 @@ def test_lmcache_pins_have_one_home() -> None:
     assert off.status == "warn" and off.passed and "lmcache 0.5" in off.found and "make setup" in off.fix, off
     missing = preflight.check_lmcache(["pdlab-no-such-package==1.0"])
     assert missing.status == "warn" and "pdlab-no-such-package missing" in missing.found, missing
+
+
+def test_versions_other_than_the_tested_ones_are_a_warning_with_the_fix(tmp_path) -> None:
+    """The `versions` check reads the checkout's constraints.txt (what `make setup` installs with); a package at
+    another version is named with both versions, a pin of a package not installed is left to `packages`, and
+    outside a checkout the check is skipped."""
+    assert preflight.check_versions().status == "ok"
+    pins = tmp_path / "constraints.txt"
+    pins.write_text("# a comment\nnumpy==0.0.1\npdlab-no-such-package==1.0\n")
+    off = preflight.check_versions(pins)
+    assert off.status == "warn" and off.passed and "make setup" in off.fix, off
+    assert off.found.startswith("1 of 1 at other versions") and "numpy " in off.found and "(tested 0.0.1)" in off.found
+    assert preflight.check_versions(tmp_path / "missing.txt").status == "skip"
 
 
 def test_a_leftover_server_fails_the_check_and_says_what_to_do() -> None:

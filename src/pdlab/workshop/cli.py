@@ -19,8 +19,8 @@ def preflight(
     model: str = typer.Option("pdlab-small", help="The model --serve serves."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Check this seat before a workshop: platform, Python, cores, memory, disk, packages, models, ports, leftovers
-    (and with --serve, vLLM). Exits 1 and says what to do when a check fails."""
+    """Check this seat before a workshop: platform, Python, cores, memory, disk, packages (and their tested
+    versions), models, ports, leftovers (and with --serve, vLLM). Exits 1 and says what to do when a check fails."""
     from pdlab.workshop import preflight as checks
 
     with console.status("checking ...") as spinner:

@@ -1,8 +1,8 @@
 """The pre-flight check a workshop room runs on every seat before the course (`pdlab preflight`, `make preflight`):
 the platform and Python the local tier needs, cores, memory and disk, the packages at the versions pdlab pins
-(LMCache's too), the local models made, the course's ports free, nothing left running from an earlier deployment,
-and, with `serve=True`, that a real 1P1D deployment starts and a request goes through prefill -> KV transfer ->
-decode.
+(pyproject.toml's ranges, the tested versions of constraints.txt, LMCache's pins), the local models made, the
+course's ports free, nothing left running from an earlier deployment, and, with `serve=True`, that a real 1P1D
+deployment starts and a request goes through prefill -> KV transfer -> decode.
 
 Each check says what it found, what the course needs, and what to do when it fails (docs/troubleshooting.md has
 the longer story for each). A failed check blocks the course; a warning does not (the course runs, slower or with
@@ -54,6 +54,8 @@ BROKEN_ON_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 #: running that no `pdlab up` record owns is a leftover from a crashed or killed notebook.
 PDLAB_PROCESS_MARKERS = {"vllm.entrypoints.openai.api_server": "vLLM server", "pdlab.router": "pdlab router",
                          "pdlab.benchmarks.standin": "pdlab stand-in server", "pdlab/load/locustfile.py": "locust load"}
+#: The checkout's pins of every package `make setup` installs (docs/dev/dependencies.md).
+CONSTRAINTS_FILE = "constraints.txt"
 #: A lab served by the `serve` check: the plainest 1P1D (a core each, NIXL over UCX).
 SERVE_LAB = "local-1p1d"
 
@@ -230,6 +232,45 @@ def check_packages(extras: Iterable[str] = COURSE_EXTRAS) -> Check:
     return Check("packages", "fail", "; ".join(problems), need, fix)
 
 
+def read_pins(path: Path) -> dict[str, str]:
+    """A pins file's `name==version` lines (comments and blank lines aside) as {canonical name: version}."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name.strip())] = version.strip()
+    return pins
+
+
+def check_versions(path: Path | None = None) -> Check:
+    """Every installed package pinned in the checkout's constraints.txt (`make setup` installs with it) at its
+    pinned version: the versions the course was tested with. A warning, not a failure: other versions usually
+    work. Pins of packages not installed are left to the `packages` check (some serve other Pythons)."""
+    if path is None:
+        root = repo_root()
+        path = root / CONSTRAINTS_FILE if root is not None else None
+    need = f"the tested versions ({CONSTRAINTS_FILE})"
+    if path is None or not path.is_file():
+        return Check("versions", "skip", f"no {CONSTRAINTS_FILE} beside this pdlab (not a source checkout)", need)
+    installed, differ = 0, []
+    for name, version in read_pins(path).items():
+        try:
+            found = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        installed += 1
+        if found != version:
+            differ.append(f"{name} {found} (tested {version})")
+    if not differ:
+        return Check("versions", "ok", f"all {installed} pinned packages as tested", need)
+    shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+    return Check("versions", "warn", f"{len(differ)} of {installed} at other versions: {shown}", need,
+                 "Run `make setup`: it installs every package at the tested version (other versions usually work, "
+                 "but the course was not run on them).")
+
+
 def lmcache_requirements() -> list[str]:
     """LMCache's pins as `make setup` installs them (src/pdlab/lmcache/requirements.txt, one home for both)."""
     text = resources.files("pdlab.lmcache").joinpath("requirements.txt").read_text()
@@ -401,8 +442,8 @@ def check_serve(model: str = "pdlab-small", lab: str | Path = SERVE_LAB, progres
 
 #: The checks a plain `pdlab preflight` runs, in order (cheap ones first).
 QUICK_CHECKS: tuple[Callable[[], Check], ...] = (
-    check_platform, check_python, check_cores, check_memory, check_disk, check_packages, check_lmcache, check_models,
-    check_ports, check_leftovers, check_cpu_quiet,
+    check_platform, check_python, check_cores, check_memory, check_disk, check_packages, check_versions, check_lmcache,
+    check_models, check_ports, check_leftovers, check_cpu_quiet,
 )
 
 
