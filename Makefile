@@ -104,12 +104,11 @@ constraints:
 	$(RESOLVE_VENV)/bin/python -m pip install --quiet $(INSTALL_TARGET)
 	$(RESOLVE_VENV)/bin/python -m pip uninstall --quiet --yes $(UNWANTED)
 	$(RESOLVE_VENV)/bin/python -m pip freeze --all --exclude-editable > $(RESOLVE_VENV)/freeze.txt
-	$(PYTHON) -c "import re; \
-	name = lambda line: re.split('[=<>!~ ;@]', line, maxsplit=1)[0].strip().lower().replace('_', '-'); \
-	own = {'pip'} | {name(l) for l in open('$(LMCACHE_REQUIREMENTS)') if l.strip() and not l.startswith('#')}; \
-	head = [l for l in open('$(CONSTRAINTS)') if l.startswith('#')]; \
-	pins = [l for l in open('$(RESOLVE_VENV)/freeze.txt') if l.strip() and not l.startswith('#') and name(l) not in own]; \
-	open('$(CONSTRAINTS)', 'w').writelines(head + sorted(pins, key=name)); \
+	$(RESOLVE_VENV)/bin/python -c "from pathlib import Path; from pdlab.workshop.preflight import read_pins; \
+	out = Path('$(CONSTRAINTS)'); head = [l for l in out.read_text().splitlines(True) if l.startswith('#')]; \
+	own = {'pip', *read_pins(Path('$(LMCACHE_REQUIREMENTS)'))}; \
+	pins = {n: v for n, v in read_pins(Path('$(RESOLVE_VENV)/freeze.txt')).items() if n not in own}; \
+	out.write_text(''.join(head) + ''.join(f'{n}=={v}\n' for n, v in sorted(pins.items()))); \
 	print(f'{len(pins)} pins written to $(CONSTRAINTS)')"
 	rm -rf $(RESOLVE_VENV)
 
